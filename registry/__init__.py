@@ -1,0 +1,1 @@
+"""Model registry and control plane."""

@@ -1,0 +1,1 @@
+"""Data plane, CLI, Triton integration and statistics of the serving platform."""
