@@ -1,0 +1,170 @@
+"""Control-plane HTTP API over the registry, plus the SSE config stream workers follow."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+
+from registry import schemas
+from registry.artifacts import ArtifactStore
+from registry.broadcast import Broadcaster
+from registry.db import make_engine, session_factory, upgrade
+from registry.orm import Endpoint, ModelVersion
+from registry.service import NotFound, Registry, RegistryError
+from registry.signature import SignatureError
+from serving.settings import ControlPlaneSettings
+
+log = logging.getLogger(__name__)
+
+
+def model_out(m: ModelVersion) -> dict:
+    return {
+        "name": m.name, "version": m.version, "framework": m.framework, "sha256": m.sha256,
+        "size": m.size, "signature": m.signature, "tags": m.tags, "metadata": m.meta,
+        "created_at": m.created_at.isoformat(),
+    }
+
+
+def endpoint_out(ep: Endpoint) -> dict:
+    return {
+        "name": ep.name, "engine": ep.engine, "preprocess": ep.preprocess, "batching": ep.batching,
+        "log_freq": ep.log_freq,
+        "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role}
+                    for t in ep.targets],
+        "metrics": [{"name": m.name, "kind": m.kind, **m.spec} for m in ep.metrics],
+    }
+
+
+def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
+    settings = settings or ControlPlaneSettings()
+    engine = make_engine(settings.resolved_database_url())
+    upgrade(engine)
+    sessions = session_factory(engine)
+    store = ArtifactStore(settings.resolved_artifact_dir())
+    broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store))
+    registry = Registry(sessions, store, on_change=broadcaster.refresh)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        broadcaster.start(asyncio.get_running_loop())
+        watcher = asyncio.create_task(broadcaster.watch_database())
+        yield
+        watcher.cancel()
+        engine.dispose()
+
+    app = FastAPI(title="serving control plane", lifespan=lifespan)
+    app.state.registry, app.state.broadcaster = registry, broadcaster
+    _errors(app)
+    _routes(app, registry, broadcaster, store)
+    return app
+
+
+def _listeners(settings: ControlPlaneSettings, store: ArtifactStore) -> list:
+    """When an external Triton is configured, keep its model repository in step."""
+    if settings.triton_model_repository is None:
+        return []
+    from serving.triton.repository import RepositorySync
+
+    sync = RepositorySync(settings.triton_model_repository, store.path, settings.triton_control_url)
+    return [sync.apply]
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(RegistryError)
+    async def registry_error(_req: Request, exc: RegistryError):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+    @app.exception_handler(SignatureError)
+    async def signature_error(_req: Request, exc: SignatureError):
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_req: Request, exc: Exception):
+        log.exception("unexpected control-plane error")
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+
+def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: ArtifactStore) -> None:
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "revision": registry.revision()}
+
+    @app.get("/config")
+    def config():
+        return broadcaster.snapshot
+
+    @app.get("/config/stream")
+    async def config_stream():
+        return StreamingResponse(broadcaster.stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/artifacts", status_code=201)
+    async def upload(request: Request):
+        sha, size = await store.put_stream(request.stream())
+        return {"sha256": sha, "size": size}
+
+    @app.get("/artifacts/{sha256}")
+    def download(sha256: str):
+        if not store.exists(sha256):
+            raise NotFound(f"artifact {sha256} not found")
+        return FileResponse(store.path(sha256), media_type="application/octet-stream")
+
+    @app.post("/models", status_code=201)
+    def add_model(req: schemas.ModelCreate):
+        return model_out(registry.add_model(req))
+
+    @app.get("/models")
+    def list_models(name: str | None = None):
+        return [model_out(m) for m in registry.list_models(name)]
+
+    @app.delete("/models/{name}")
+    def remove_model(name: str, version: int | None = Query(None)):
+        return {"removed": registry.remove_model(name, version)}
+
+    @app.post("/endpoints", status_code=201)
+    def deploy(req: schemas.EndpointDeploy):
+        return endpoint_out(registry.deploy(req))
+
+    @app.get("/endpoints")
+    def list_endpoints():
+        return [endpoint_out(e) for e in registry.list_endpoints()]
+
+    @app.get("/endpoints/{name}")
+    def get_endpoint(name: str):
+        return endpoint_out(registry.get_endpoint(name))
+
+    @app.delete("/endpoints/{name}")
+    def remove_endpoint(name: str):
+        registry.remove_endpoint(name)
+        return {"removed": name}
+
+    @app.put("/endpoints/{name}/weights")
+    def set_weights(name: str, req: schemas.CanaryWeights):
+        return endpoint_out(registry.set_weights(name, req))
+
+    @app.post("/endpoints/{name}/promote")
+    def promote(name: str):
+        return endpoint_out(registry.promote(name))
+
+    @app.post("/endpoints/{name}/rollback")
+    def rollback(name: str):
+        return endpoint_out(registry.rollback(name))
+
+    @app.put("/endpoints/{name}/log-freq")
+    def log_freq(name: str, req: schemas.LogFreq):
+        registry.set_log_freq(name, req.log_freq)
+        return {"endpoint": name, "log_freq": req.log_freq}
+
+    @app.post("/endpoints/{name}/metrics", status_code=201)
+    def add_metric(name: str, req: schemas.MetricCreate):
+        registry.add_metric(name, req)
+        return endpoint_out(registry.get_endpoint(name))
+
+    @app.delete("/endpoints/{name}/metrics/{metric}")
+    def remove_metric(name: str, metric: str):
+        registry.remove_metric(name, metric)
+        return {"removed": metric}

@@ -1,0 +1,75 @@
+"""Fan-out of config snapshots to every open stream, the moment a change commits.
+
+Changes made by this process wake streams at once; a slow revision check also
+catches changes committed by another control-plane replica on the same database.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Callable
+
+import orjson
+from sqlalchemy.orm import sessionmaker
+
+from registry.snapshot import build_snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Broadcaster:
+    def __init__(self, sessions: sessionmaker, listeners: list[Callable[[dict], None]] | None = None) -> None:
+        self.sessions = sessions
+        self.snapshot: dict = {"revision": -1, "endpoints": {}}
+        self.encoded = b""
+        self.listeners = listeners or []
+        self._changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the snapshot from the database; wake streams if it moved."""
+        with self.sessions() as s:
+            snap = build_snapshot(s)
+        if snap == self.snapshot:
+            return
+        self.snapshot, self.encoded = snap, orjson.dumps(snap)
+        for listener in self.listeners:
+            try:
+                listener(snap)
+            except Exception:
+                log.exception("snapshot listener failed")
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_change(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def stream(self, keepalive: float = 10.0):
+        """SSE body: current snapshot now, each newer one as it commits, keepalives between."""
+        sent = None
+        while True:
+            if self.snapshot["revision"] != sent:
+                sent = self.snapshot["revision"]
+                yield b"event: config\ndata: " + self.encoded + b"\n\n"
+            else:
+                yield b": keepalive\n\n"
+            await self.wait_change(keepalive)
+
+    async def watch_database(self, period: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await asyncio.to_thread(self.refresh)
+            except Exception as exc:  # database briefly down: keep serving the last snapshot
+                log.warning("config refresh failed: %s", exc)

@@ -1,0 +1,88 @@
+"""Registry tables. Alembic migrations in ``registry/migrations`` create them."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint, DateTime
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ModelVersion(Base):
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_model_name_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    framework: Mapped[str] = mapped_column(String(32))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    signature: Mapped[dict] = mapped_column(JSON)
+    tags: Mapped[list] = mapped_column(JSON, default=list)
+    meta: Mapped[dict] = mapped_column("metadata", JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Endpoint(Base):
+    __tablename__ = "endpoints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    engine: Mapped[str] = mapped_column(String(32))
+    preprocess: Mapped[dict] = mapped_column(JSON, default=dict)
+    batching: Mapped[dict] = mapped_column(JSON, default=dict)
+    log_freq: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    targets: Mapped[list["EndpointTarget"]] = relationship(
+        back_populates="endpoint", cascade="all, delete-orphan", order_by="EndpointTarget.id"
+    )
+    metrics: Mapped[list["MetricDefinition"]] = relationship(
+        back_populates="endpoint", cascade="all, delete-orphan", order_by="MetricDefinition.name"
+    )
+
+
+class EndpointTarget(Base):
+    """One weighted route of an endpoint: the stable version, or a canary."""
+
+    __tablename__ = "endpoint_targets"
+    __table_args__ = (UniqueConstraint("endpoint_id", "model_id", name="uq_target"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[int] = mapped_column(ForeignKey("endpoints.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
+    weight: Mapped[float] = mapped_column(Float)
+    role: Mapped[str] = mapped_column(String(16), default="stable")  # stable | canary
+
+    endpoint: Mapped[Endpoint] = relationship(back_populates="targets")
+    model: Mapped[ModelVersion] = relationship()
+
+
+class MetricDefinition(Base):
+    __tablename__ = "metric_definitions"
+    __table_args__ = (UniqueConstraint("endpoint_id", "name", name="uq_metric"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[int] = mapped_column(ForeignKey("endpoints.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))  # scalar | enum | value
+    spec: Mapped[dict] = mapped_column(JSON, default=dict)  # {"buckets": [...]} / {"values": [...]}
+
+    endpoint: Mapped[Endpoint] = relationship(back_populates="metrics")
+
+
+class ConfigState(Base):
+    """A single row whose revision every registry change bumps in the same transaction."""
+
+    __tablename__ = "config_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer, default=0)

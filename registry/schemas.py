@@ -1,0 +1,105 @@
+"""Pydantic models at the control plane's HTTP edge."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+
+
+class TensorSpec(BaseModel):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class Signature(BaseModel):
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+class ModelCreate(BaseModel):
+    name: str = Field(pattern=NAME)
+    artifact: str = Field(description="sha256 of an uploaded artifact")
+    framework: Literal["onnx", "custom"] = "onnx"
+    signature: Signature | None = Field(None, description="inferred from the ONNX file when omitted")
+    tags: list[str] = []
+    metadata: dict[str, Any] = {}
+
+
+class ModelOut(BaseModel):
+    name: str
+    version: int
+    framework: str
+    sha256: str
+    size: int
+    signature: dict
+    tags: list[str]
+    metadata: dict
+    created_at: str
+
+
+class Batching(BaseModel):
+    max_batch_size: int = Field(32, ge=0, le=4096)
+    max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000)
+    preferred_batch_sizes: list[int] = []
+    instances: int = Field(1, ge=1, le=64)
+
+
+class PreprocessSpec(BaseModel):
+    kind: Literal["tokenizer", "user", "none"] = "none"
+    artifact: str | None = None
+    options: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _artifact_needed(self) -> "PreprocessSpec":
+        if self.kind != "none" and not self.artifact:
+            raise ValueError(f"preprocess kind '{self.kind}' needs an artifact")
+        return self
+
+
+class EndpointDeploy(BaseModel):
+    """`serving model add`: put a model version behind an endpoint, optionally as a canary."""
+
+    endpoint: str = Field(pattern=NAME)
+    model: str
+    version: int | None = Field(None, description="latest when omitted")
+    engine: Literal["triton", "onnxruntime", "custom"] = "triton"
+    preprocess: PreprocessSpec | None = None
+    batching: Batching | None = None
+    canary: float | None = Field(None, gt=0, lt=100, description="percent of traffic for this version")
+
+
+class CanaryWeights(BaseModel):
+    weights: dict[int, float] = Field(description="model version -> percent of traffic")
+
+    @field_validator("weights")
+    @classmethod
+    def _valid(cls, w: dict[int, float]) -> dict[int, float]:
+        if not w:
+            raise ValueError("weights must name at least one version")
+        if any(v < 0 for v in w.values()):
+            raise ValueError("weights must not be negative")
+        if abs(sum(w.values()) - 100.0) > 1e-6:
+            raise ValueError(f"weights must add up to 100, got {sum(w.values())}")
+        return w
+
+
+class MetricCreate(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    kind: Literal["scalar", "enum", "value"]
+    buckets: list[float] | None = None
+    values: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _spec(self) -> "MetricCreate":
+        if self.kind == "scalar" and (not self.buckets or sorted(self.buckets) != self.buckets):
+            raise ValueError("a scalar variable needs increasing buckets, e.g. 8,16,32")
+        if self.kind == "enum" and not self.values:
+            raise ValueError("an enum variable needs its values, e.g. cat,dog")
+        return self
+
+
+class LogFreq(BaseModel):
+    log_freq: float = Field(ge=0.0, le=1.0)
