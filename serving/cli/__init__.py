@@ -1,0 +1,1 @@
+"""The `serving` command line."""

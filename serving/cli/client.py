@@ -1,0 +1,73 @@
+"""HTTP client of the control plane for the CLI: one place that turns failures into clear messages."""
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+err = Console(stderr=True)
+
+
+class ControlPlane:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = httpx.request(method, self.url + path, timeout=kw.pop("timeout", 30.0), **kw)
+        except httpx.HTTPError as exc:
+            err.print(f"[red]cannot reach the control plane at {self.url}: {exc}[/red]")
+            raise typer.Exit(2)
+        if resp.status_code >= 400:
+            try:
+                detail = resp.json().get("detail", resp.text)
+            except ValueError:
+                detail = resp.text
+            err.print(f"[red]error {resp.status_code}: {_readable(detail)}[/red]")
+            raise typer.Exit(1)
+        return resp.json()
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def upload_file(self, path: Path, label: str | None = None) -> str:
+        """Stream a file to the artifact store with a progress bar; returns its sha256."""
+        size = path.stat().st_size
+        with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), console=err) as progress:
+            task = progress.add_task(label or f"uploading {path.name}", total=size)
+
+            def chunks() -> Iterator[bytes]:
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        progress.update(task, advance=len(chunk))
+                        yield chunk
+
+            return self.post("/artifacts", content=chunks(), timeout=600.0)["sha256"]
+
+    def upload_dir(self, path: Path) -> str:
+        """Tokenizer directories travel as one deterministic tar.gz artifact."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+            for file in sorted(p for p in path.iterdir() if p.is_file()):
+                info = tar.gettarinfo(str(file), arcname=file.name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(file, "rb") as f:
+                    tar.addfile(info, f)
+        return self.post("/artifacts", content=buf.getvalue(), timeout=600.0)["sha256"]
+
+
+def _readable(detail: Any) -> str:
+    """FastAPI validation errors are lists of dicts; show them as `field: message`."""
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
+    return str(detail)

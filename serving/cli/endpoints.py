@@ -1,0 +1,119 @@
+"""`serving endpoint|canary|metrics ...`: endpoints, traffic splits and statistics variables."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from serving.cli.client import ControlPlane
+from serving.cli.output import console, show
+
+endpoint_app = typer.Typer(help="Public endpoints and their routes.", no_args_is_help=True)
+canary_app = typer.Typer(help="Split an endpoint's traffic between versions.", no_args_is_help=True)
+metrics_app = typer.Typer(help="Per-endpoint statistics variables (ClearML Serving flags).", no_args_is_help=True)
+
+
+def _routes(ep: dict) -> str:
+    return ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}% ({t['role']})" for t in ep["targets"])
+
+
+def _print(ep: dict) -> None:
+    console.print(f"endpoint [bold]{ep['name']}[/bold]: {_routes(ep)}")
+
+
+@endpoint_app.command("list")
+def endpoint_list(ctx: typer.Context, json_: bool = typer.Option(False, "--json")) -> None:
+    """List endpoints with their weighted routes."""
+    eps = ctx.obj.get("/endpoints")
+    if json_:
+        show(eps, [], True)
+        return
+    rows = [{**e, "routes": _routes(e), "preprocess": e["preprocess"].get("kind", "none")} for e in eps]
+    show(rows, ["name", "engine", "preprocess", "routes"], False, "endpoints")
+
+
+@endpoint_app.command("remove")
+def endpoint_remove(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -> None:
+    ctx.obj.request("DELETE", f"/endpoints/{endpoint}")
+    console.print(f"removed endpoint {endpoint}")
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    weights = {}
+    for part in text.split(","):
+        version, sep, weight = part.partition("=")
+        if not sep or not version.strip().isdigit():
+            raise typer.BadParameter(f"'{part}' must look like VERSION=PERCENT, e.g. 1=90,2=10")
+        weights[version.strip()] = float(weight.rstrip("%"))
+    return weights
+
+
+@canary_app.command("set")
+def canary_set(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+               weights: str = typer.Option(..., help="VERSION=PERCENT,... adding up to 100")) -> None:
+    """Set the traffic split of an endpoint's versions."""
+    _print(ctx.obj.request("PUT", f"/endpoints/{endpoint}/weights", json={"weights": parse_weights(weights)}))
+
+
+@canary_app.command("promote")
+def canary_promote(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -> None:
+    """The canary takes all traffic and becomes the stable version."""
+    _print(ctx.obj.post(f"/endpoints/{endpoint}/promote"))
+
+
+@canary_app.command("rollback")
+def canary_rollback(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -> None:
+    """The stable version takes all traffic again; the canary is dropped."""
+    _print(ctx.obj.post(f"/endpoints/{endpoint}/rollback"))
+
+
+def _split(spec: str) -> tuple[str, str]:
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise typer.BadParameter(f"'{spec}' must look like NAME=A,B,C")
+    return name, rest
+
+
+@metrics_app.command("add")
+def metrics_add(
+    ctx: typer.Context,
+    endpoint: str = typer.Option(..., "--endpoint"),
+    variable_scalar: list[str] = typer.Option([], help="NAME=B1,B2,... histogram buckets"),
+    variable_enum: list[str] = typer.Option([], help="NAME=V1,V2,... allowed values"),
+    variable_value: list[str] = typer.Option([], help="NAME: last value as a gauge"),
+    log_freq: Optional[float] = typer.Option(None, help="fraction of requests recorded, 0..1"),
+) -> None:
+    """Declare statistics variables for an endpoint (as ClearML Serving's `metrics add`)."""
+    cp: ControlPlane = ctx.obj
+    bodies = []
+    for spec in variable_scalar:
+        name, rest = _split(spec)
+        try:
+            buckets = [float(b) for b in rest.split(",")]
+        except ValueError:
+            raise typer.BadParameter(f"buckets of {name} must be numbers: {rest}")
+        bodies.append({"name": name, "kind": "scalar", "buckets": buckets})
+    for spec in variable_enum:
+        name, rest = _split(spec)
+        bodies.append({"name": name, "kind": "enum", "values": rest.split(",")})
+    bodies += [{"name": name, "kind": "value"} for name in variable_value]
+    for body in bodies:
+        cp.post(f"/endpoints/{endpoint}/metrics", json=body)
+    if log_freq is not None:
+        cp.request("PUT", f"/endpoints/{endpoint}/log-freq", json={"log_freq": log_freq})
+    console.print(f"{endpoint}: {len(bodies)} variable(s) declared" + (f", log-freq {log_freq}" if log_freq is not None else ""))
+
+
+@metrics_app.command("list")
+def metrics_list(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+                 json_: bool = typer.Option(False, "--json")) -> None:
+    ep = ctx.obj.get(f"/endpoints/{endpoint}")
+    show(ep["metrics"], ["name", "kind", "buckets", "values"], json_, f"{endpoint} variables (log-freq {ep['log_freq']})")
+
+
+@metrics_app.command("remove")
+def metrics_remove(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+                   variable: list[str] = typer.Option(..., help="repeatable")) -> None:
+    for name in variable:
+        ctx.obj.request("DELETE", f"/endpoints/{endpoint}/metrics/{name}")
+    console.print(f"{endpoint}: removed {', '.join(variable)}")

@@ -1,0 +1,33 @@
+"""Entry point of the `serving` command."""
+from __future__ import annotations
+
+import typer
+
+from serving.cli import processes
+from serving.cli.client import ControlPlane
+from serving.cli.endpoints import canary_app, endpoint_app, metrics_app
+from serving.cli.models import app as model_app
+
+app = typer.Typer(help="Serve ONNX models behind Triton: registry, canaries, workers, statistics.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    control_plane: str = typer.Option("http://127.0.0.1:8080", "--control-plane", envvar="SERVING_CONTROL_PLANE_URL",
+                                      help="control plane URL"),
+) -> None:
+    ctx.obj = ControlPlane(control_plane)
+
+
+app.add_typer(model_app, name="model")
+app.add_typer(endpoint_app, name="endpoint")
+app.add_typer(canary_app, name="canary")
+app.add_typer(metrics_app, name="metrics")
+for command in (processes.up, processes.status, processes.worker, processes.triton, processes.statistics):
+    app.command()(command)
+app.command("control-plane")(processes.control_plane)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,110 @@
+"""Commands that run the platform's processes: each component alone, or all with `up`."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import httpx
+import typer
+from rich.console import Console
+
+from serving.settings import (
+    ControlPlaneSettings, StatisticsSettings, TritonSettings, WorkerSettings, default_home,
+)
+from serving.supervisor import Child, Supervisor
+
+console = Console()
+
+
+def control_plane() -> None:
+    """Run the registry and control plane (HTTP API + config stream)."""
+    import uvicorn
+
+    from registry.api import create_app
+
+    settings = ControlPlaneSettings()
+    uvicorn.run(create_app(settings), host=settings.control_plane_host, port=settings.control_plane_port,
+                log_level="warning")
+
+
+def worker(workers: int = typer.Option(1, help="worker processes sharing the port")) -> None:
+    """Run FastAPI workers (/serve and the v2 protocol) following the control plane."""
+    from serving.worker.main import run_worker
+
+    run_worker(WorkerSettings(), workers)
+
+
+def triton() -> None:
+    """Run an embedded real Triton (PyTriton) serving the registry's ONNX models."""
+    from serving.triton.embedded import run_embedded_triton
+
+    run_embedded_triton(TritonSettings())
+
+
+def statistics() -> None:
+    """Run the statistics service: events in, Prometheus metrics and drift scores out."""
+    from serving.statistics.service import run_statistics_service
+
+    run_statistics_service(StatisticsSettings())
+
+
+def stack_env(home: str, workers_port: int) -> dict[str, str]:
+    """Environment every child of `up` shares, derived from the same settings they read."""
+    env = {**os.environ, "SERVING_HOME": home}
+    os.environ["SERVING_HOME"] = home
+    cp, tr = ControlPlaneSettings(), TritonSettings()
+    env["SERVING_CONTROL_PLANE_URL"] = f"http://{cp.control_plane_host}:{cp.control_plane_port}"
+    env.setdefault("SERVING_TRITON_GRPC_URL", f"127.0.0.1:{tr.triton_grpc_port}")
+    env["SERVING_WORKER_PORT"] = str(workers_port)
+    return env
+
+
+def up(
+    workers: int = typer.Option(1, help="worker processes"),
+    port: int = typer.Option(None, help="worker port (default SERVING_WORKER_PORT or 9090)"),
+    home: Optional[str] = typer.Option(None, help="state directory (default SERVING_HOME or ~/.serving)"),
+    with_triton: bool = typer.Option(True, "--triton/--no-triton", help="start the embedded Triton"),
+) -> None:
+    """Start control plane, statistics, embedded Triton and N workers; Ctrl-C stops them all."""
+    home = home or os.environ.get("SERVING_HOME") or str(default_home())
+    port = port or WorkerSettings().worker_port
+    env = stack_env(home, port)
+    cp, st, tr = ControlPlaneSettings(), StatisticsSettings(), TritonSettings()
+    sup = Supervisor(env, log_dir=default_log_dir(home))
+    try:
+        sup.start(Child("control-plane", ["control-plane"], f"{env['SERVING_CONTROL_PLANE_URL']}/health"))
+        sup.start(Child("statistics", ["statistics"], f"http://127.0.0.1:{st.statistics_port}/health"))
+        if with_triton:
+            sup.start(Child("triton", ["triton"], f"http://127.0.0.1:{tr.triton_http_port}/v2/health/live"), 120)
+        sup.start(Child("worker", ["worker", "--workers", str(workers)], f"http://127.0.0.1:{port}/v2/health/live"))
+        console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
+                      f"workers http://127.0.0.1:{port}, logs in {sup.log_dir}")
+        code = sup.wait()
+    except RuntimeError as exc:
+        console.print(f"[red]{exc}[/red]")
+        code = 1
+    finally:
+        sup.stop_all()
+    raise typer.Exit(code)
+
+
+def default_log_dir(home: str):
+    from pathlib import Path
+
+    return Path(home) / "logs"
+
+
+def status(ctx: typer.Context,
+           worker_url: str = typer.Option("http://127.0.0.1:9090", envvar="SERVING_WORKER_URL")) -> None:
+    """Health of the control plane and a worker, and what is deployed."""
+    cp = ctx.obj
+    health = cp.get("/health")
+    console.print(f"control plane {cp.url}: [green]{health['status']}[/green], config revision {health['revision']}")
+    try:
+        ws = httpx.get(f"{worker_url}/status", timeout=3.0).json()
+        console.print(f"worker {worker_url}: revision {ws.get('revision')}, endpoints {ws.get('endpoints')}")
+    except (httpx.HTTPError, ValueError) as exc:
+        console.print(f"worker {worker_url}: [red]unreachable[/red] ({exc})")
+    for ep in cp.get("/endpoints"):
+        routes = ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}%" for t in ep["targets"])
+        console.print(f"  /serve/{ep['name']} ({ep['engine']}): {routes}")
