@@ -24,7 +24,7 @@ def control_plane() -> None:
 
     settings = ControlPlaneSettings()
     uvicorn.run(create_app(settings), host=settings.control_plane_host, port=settings.control_plane_port,
-                log_level="warning")
+                log_level="warning", timeout_graceful_shutdown=2)
 
 
 def worker(workers: int = typer.Option(1, help="worker processes sharing the port")) -> None:

@@ -1,0 +1,34 @@
+"""Fixtures shared across the suite."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.support.postgres import create_database, postgres_server
+
+_db_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url():
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path: Path) -> str:
+    """A fresh, empty registry database of each kind users run: SQLite and PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    admin = request.getfixturevalue("postgres_admin_url")
+    return create_database(admin, f"registry_{next(_db_counter)}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A real BERT-like classifier (2 layers, hidden 128, random weights) exported to ONNX."""
+    from serving.testmodels import build_bert_classifier
+
+    return build_bert_classifier(tmp_path_factory.mktemp("tiny-bert"))

@@ -1,0 +1,69 @@
+"""The SSE config stream over a real socket, followed by serving.config_client."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+
+from registry.api import create_app
+from serving.config_client import ConfigSubscriber, read_cache
+from serving.settings import ControlPlaneSettings
+from tests.support.servers import serve_in_thread
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.revisions: list[int] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, snap: dict) -> None:
+        with self.changed:
+            self.revisions.append(snap["revision"])
+            self.changed.notify_all()
+
+    def wait_for(self, revision: int, timeout: float) -> float:
+        start = time.monotonic()
+        with self.changed:
+            assert self.changed.wait_for(lambda: revision in self.revisions, timeout), self.revisions
+        return time.monotonic() - start
+
+
+def test_changes_are_pushed_at_once_and_cached(tmp_path):
+    app = create_app(ControlPlaneSettings(home=tmp_path))
+    cache = tmp_path / "worker-config.json"
+    seen = Seen()
+    with serve_in_thread(app) as url:
+        sub = ConfigSubscriber(url, seen, cache_path=cache).start()
+        seen.wait_for(0, timeout=5)
+        sha = httpx.post(f"{url}/artifacts", content=b"x").json()["sha256"]
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        t0 = time.monotonic()
+        httpx.post(f"{url}/endpoints", json={"endpoint": "e", "model": "m", "engine": "custom"})
+        seen.wait_for(2, timeout=1.0)
+        assert time.monotonic() - t0 < 1.0
+        sub.stop()
+    assert read_cache(cache)["endpoints"]["e"]["targets"][0]["model"] == "m"
+
+
+def test_subscriber_serves_cache_while_control_plane_is_down_then_reconnects(tmp_path):
+    settings = ControlPlaneSettings(home=tmp_path)
+    cache = tmp_path / "worker-config.json"
+    with serve_in_thread(create_app(settings)) as url:
+        httpx.post(f"{url}/artifacts", content=b"x")
+        sha = httpx.post(f"{url}/artifacts", content=b"x").json()["sha256"]
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        first = Seen()
+        sub = ConfigSubscriber(url, first, cache_path=cache).start()
+        first.wait_for(1, timeout=5)
+        sub.stop()
+    port = int(url.rsplit(":", 1)[1])
+    # Control plane down: a new subscriber starts from the cache alone.
+    seen = Seen()
+    sub = ConfigSubscriber(url, seen, cache_path=cache, max_backoff=0.2).start()
+    assert seen.revisions == [1]
+    # It comes back (same database, same port): the subscriber reconnects by itself.
+    with serve_in_thread(create_app(settings), port=port) as url:
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        seen.wait_for(2, timeout=5)
+    sub.stop()
