@@ -25,7 +25,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(endpoint_app, name="endpoint")
 app.add_typer(canary_app, name="canary")
 app.add_typer(metrics_app, name="metrics")
-for command in (processes.up, processes.status, processes.worker, processes.triton, processes.statistics):
+for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.statistics):
     app.command()(command)
 app.command("control-plane")(processes.control_plane)
 

@@ -108,3 +108,10 @@ def status(ctx: typer.Context,
     for ep in cp.get("/endpoints"):
         routes = ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}%" for t in ep["targets"])
         console.print(f"  /serve/{ep['name']} ({ep['engine']}): {routes}")
+
+
+def demo(workers: int = typer.Option(2, help="worker processes")) -> None:
+    """The main job: build a real model, start the stack, deploy, query, canary, stop."""
+    from serving.demo import run
+
+    run(workers)
