@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session, object_session, sessionmaker
+from sqlalchemy.orm import Session, object_session, selectinload, sessionmaker
 
 from registry import schemas
 from registry.artifacts import ArtifactStore
@@ -151,7 +151,9 @@ class Registry:
 
     def list_endpoints(self) -> list[Endpoint]:
         with self.sessions() as s:
-            return list(s.scalars(select(Endpoint).order_by(Endpoint.name)).unique())
+            q = select(Endpoint).order_by(Endpoint.name).options(
+                selectinload(Endpoint.targets).selectinload(EndpointTarget.model), selectinload(Endpoint.metrics))
+            return list(s.scalars(q))
 
     def get_endpoint(self, name: str) -> Endpoint:
         with self.sessions() as s:

@@ -1,0 +1,84 @@
+"""The platform as real processes on loopback ports, driven through the `serving` CLI."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests.support.procs import REPO, free_port, stop, wait_http
+
+
+@dataclass
+class Stack:
+    home: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    worker_ports: list[int] = field(default_factory=list)
+
+    @property
+    def control_plane(self) -> str:
+        return self.env["SERVING_CONTROL_PLANE_URL"]
+
+    def worker_url(self, i: int = 0) -> str:
+        return f"http://127.0.0.1:{self.worker_ports[i]}"
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        res = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        if check and res.returncode != 0:
+            raise AssertionError(f"serving {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+        return res
+
+    def start(self, name: str, args: list[str], health: str, extra_env: dict[str, str] | None = None,
+              timeout: float = 60.0) -> subprocess.Popen:
+        log = open(self.home / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", *args], env={**self.env, **(extra_env or {})},
+                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        try:
+            wait_http(health, timeout=timeout, proc=proc)
+        except Exception:
+            raise RuntimeError(f"{name} failed to start:\n{(self.home / f'{name}.log').read_text()[-3000:]}")
+        return proc
+
+    def start_control_plane(self) -> None:
+        self.start("control-plane", ["control-plane"], f"{self.control_plane}/health")
+
+    def start_worker(self, i: int) -> None:
+        port = self.worker_ports[i]
+        self.start(f"worker{i}", ["worker"], f"http://127.0.0.1:{port}/v2/health/live",
+                   {"SERVING_WORKER_PORT": str(port), "SERVING_WORKER_CACHE": str(self.home / f"worker{i}.json")})
+
+    def start_triton(self) -> None:
+        port = self.env["SERVING_TRITON_HTTP_PORT"]
+        self.start("triton", ["triton"], f"http://127.0.0.1:{port}/v2/health/live", timeout=120)
+
+    def stop(self, name: str) -> None:
+        stop(self.procs.pop(name))
+
+    def stop_all(self) -> None:
+        for name in list(self.procs)[::-1]:
+            self.stop(name)
+
+    def revision(self, i: int) -> int:
+        return httpx.get(f"{self.worker_url(i)}/status", timeout=5).json()["revision"]
+
+
+def make_stack(home: Path, workers: int = 2) -> Stack:
+    ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats")}
+    env = {
+        **os.environ, "SERVING_HOME": str(home),
+        "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
+        "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
+        "SERVING_TRITON_HTTP_PORT": str(ports["http"]), "SERVING_TRITON_GRPC_PORT": str(ports["grpc"]),
+        "SERVING_TRITON_METRICS_PORT": str(ports["metrics"]),
+        "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{ports['grpc']}",
+        "SERVING_STATISTICS_PORT": str(ports["stats"]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return Stack(home=home, env=env, worker_ports=[free_port() for _ in range(workers)])

@@ -1,0 +1,161 @@
+"""The serving core end to end: CLI -> control plane -> workers -> real Triton, all real processes.
+
+Tests run in file order and share one stack; the last one takes the control plane down.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton_http
+from scipy.stats import binomtest
+from transformers import AutoTokenizer
+
+from serving.testmodels import build_bert_classifier
+from tests.serving.stack import Stack, make_stack
+
+TEXT = "the service was quick and the staff were friendly"
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def endpoint_ready(stack: Stack, endpoint: str) -> None:
+    for i in range(len(stack.worker_ports)):
+        url = f"{stack.worker_url(i)}/v2/models/{endpoint}/ready"
+        wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, 60, f"{endpoint} ready on worker {i}")
+
+
+def reference_logits(bundle, texts: list[str]) -> np.ndarray:
+    tok = AutoTokenizer.from_pretrained(str(bundle.tokenizer_dir))
+    enc = tok(texts, truncation=True, max_length=128, padding=True, return_tensors="np")
+    sess = ort.InferenceSession(str(bundle.onnx_path), providers=["CPUExecutionProvider"])
+    return sess.run(["logits"], {i.name: enc[i.name].astype(np.int64) for i in sess.get_inputs()})[0]
+
+
+@pytest.fixture(scope="module")
+def second_model(tmp_path_factory):
+    return build_bert_classifier(tmp_path_factory.mktemp("tiny-bert-v2"), seed=1)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_model):
+    s = make_stack(tmp_path_factory.mktemp("stack"), workers=2)
+    try:
+        s.start_control_plane()
+        s.start_triton()
+        s.start_worker(0)
+        s.start_worker(1)
+        s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
+        s.cli("model", "add", "--endpoint", "clf", "--model", "clf:1", "--tokenizer", str(tiny_model.tokenizer_dir),
+              "--labels", ",".join(tiny_model.labels))
+        endpoint_ready(s, "clf")
+        yield s
+    finally:
+        s.stop_all()
+
+
+def test_serve_through_triton_matches_onnxruntime(stack, tiny_model):
+    r = httpx.post(f"{stack.worker_url(0)}/serve/clf", json={"text": TEXT}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Model-Version"] == "1"
+    expected = reference_logits(tiny_model, [TEXT])[0]
+    np.testing.assert_allclose(r.json()["logits"], expected, atol=1e-4)
+    assert r.json()["label"] == tiny_model.labels[int(np.argmax(expected))]
+    texts = [TEXT, "bad", "an average experience with some good parts and some that were not so good"]
+    r = httpx.post(f"{stack.worker_url(1)}/serve/clf/1", json={"texts": texts}, timeout=30)
+    got = np.array([p["logits"] for p in r.json()["predictions"]])
+    np.testing.assert_allclose(got, reference_logits(tiny_model, texts), atol=1e-4)
+
+
+def test_tritonclient_http_against_worker_v2(stack, tiny_model):
+    tok = AutoTokenizer.from_pretrained(str(tiny_model.tokenizer_dir))
+    enc = tok([TEXT], return_tensors="np")
+    client = triton_http.InferenceServerClient(stack.worker_url(0).removeprefix("http://"))
+    assert client.is_server_live() and client.is_model_ready("clf")
+    inputs = []
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        tensor = triton_http.InferInput(name, list(enc[name].shape), "INT64")
+        tensor.set_data_from_numpy(enc[name].astype(np.int64), binary_data=False)
+        inputs.append(tensor)
+    result = client.infer("clf", inputs, outputs=[triton_http.InferRequestedOutput("logits", binary_data=False)])
+    np.testing.assert_allclose(result.as_numpy("logits"), reference_logits(tiny_model, [TEXT]), atol=1e-4)
+
+
+async def _versions(url: str, n: int, concurrency: int = 16, key: str | None = None) -> list[str]:
+    sem = asyncio.Semaphore(concurrency)
+    headers = {"X-Routing-Key": key} if key else {}
+
+    async def one(client: httpx.AsyncClient, i: int) -> str:
+        async with sem:
+            r = await client.post(url, json={"text": f"request number {i % 50}"}, headers=headers)
+            assert r.status_code == 200, r.text
+            return r.headers["X-Model-Version"]
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+
+def test_canary_share_and_sticky_routing(stack, tiny_model, second_model):
+    stack.cli("model", "upload", "--name", "clf", "--path", str(second_model.onnx_path))
+    out = stack.cli("model", "add", "--endpoint", "clf", "--model", "clf:2", "--tokenizer",
+                    str(second_model.tokenizer_dir), "--canary", "10%").stdout
+    assert "clf:1 90%" in out and "clf:2 10%" in out
+    wait_until(lambda: all(stack.revision(i) == stack.revision(0) for i in range(2)), 5, "workers in step")
+    versions = []
+    for i in range(2):  # both workers, 1,000 requests each
+        versions += asyncio.run(_versions(f"{stack.worker_url(i)}/serve/clf", 1000))
+    counts = collections.Counter(versions)
+    share = counts["2"] / len(versions)
+    assert set(counts) == {"1", "2"}
+    assert abs(share - 0.10) <= 0.025, counts
+    # The bound is ~7 standard deviations; the share must also be plausible for p=0.1 itself.
+    assert binomtest(counts["2"], len(versions), 0.10).pvalue > 1e-4
+    for key in ("user-1", "user-2", "user-3", "user-42"):
+        seen = {v for i in range(2) for v in asyncio.run(_versions(f"{stack.worker_url(i)}/serve/clf", 20, 4, key))}
+        assert len(seen) == 1, f"routing key {key} went to versions {seen}"
+
+
+def test_config_change_reaches_every_worker_within_a_second(stack):
+    before = httpx.get(f"{stack.control_plane}/health").json()["revision"]
+    t0 = time.monotonic()
+    stack.cli("canary", "set", "--endpoint", "clf", "--weights", "1=50,2=50")
+    cli_done = time.monotonic()
+    target = httpx.get(f"{stack.control_plane}/health").json()["revision"]
+    assert target == before + 1
+    wait_until(lambda: all(stack.revision(i) >= target for i in range(2)), 1.0, "both workers at the new revision",
+               interval=0.01)
+    # The CLI process itself takes a while to start; what must be under 1 s is commit -> workers.
+    assert time.monotonic() - cli_done < 1.0, f"cli took {cli_done - t0:.2f}s"
+
+
+def test_worker_restarted_while_control_plane_down_serves_last_config(stack, tiny_model):
+    stack.cli("canary", "rollback", "--endpoint", "clf")
+    target = httpx.get(f"{stack.control_plane}/health").json()["revision"]
+    wait_until(lambda: stack.revision(1) >= target, 2, "worker 1 has the rollback")
+    stack.stop("control-plane")
+    stack.stop("worker1")
+    stack.start_worker(1)
+    assert stack.revision(1) == target
+    r = httpx.post(f"{stack.worker_url(1)}/serve/clf", json={"text": TEXT}, timeout=30)
+    assert r.status_code == 200 and r.headers["X-Model-Version"] == "1"
+    np.testing.assert_allclose(r.json()["logits"], reference_logits(tiny_model, [TEXT])[0], atol=1e-4)
+    # The control plane comes back: workers reconnect on their own and follow new changes.
+    stack.start_control_plane()
+    stack.cli("model", "add", "--endpoint", "clf", "--model", "clf:2", "--canary", "20%")
+    target = httpx.get(f"{stack.control_plane}/health").json()["revision"]
+    wait_until(lambda: all(stack.revision(i) >= target for i in range(2)), 10, "workers follow the restarted control plane")
