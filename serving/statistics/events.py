@@ -1,0 +1,129 @@
+"""The per-request statistics event and the batch envelope both transports carry.
+
+Workers build plain dicts (cheap on the request path); the statistics service turns
+them into :class:`StatisticsEvent` with lenient parsing, because a malformed event
+from one worker must cost one counter increment, never the whole batch.
+
+Wire format (embedded HTTP body and Kafka message value are the same bytes)::
+
+    {"schema": "serving.statistics/v1", "source": "host:pid", "dropped": 0,
+     "events": [{"ts": 1718000000.1, "endpoint": "sentiment", "version": 1,
+                 "status": 200, "latency_s": 0.0123,
+                 "stages": {"preprocess": 0.001, "inference": 0.01, "postprocess": 0.0003},
+                 "custom": {"tokens": 17, "label": "POSITIVE"}}]}
+
+``dropped`` is the sender's cumulative count of events it had to discard (queue
+full, send failures), so the service can export losses it never saw.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+SCHEMA = "serving.statistics/v1"
+STAGES = ("preprocess", "inference", "postprocess")
+
+
+class EventError(ValueError):
+    """One event (or one envelope) could not be understood."""
+
+
+@dataclass(frozen=True)
+class StatisticsEvent:
+    endpoint: str
+    version: int | None
+    status: int
+    latency_s: float
+    ts: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)
+    custom: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
+                "status": self.status, "latency_s": self.latency_s,
+                "stages": dict(self.stages), "custom": dict(self.custom)}
+
+
+@dataclass(frozen=True)
+class Batch:
+    events: list[dict[str, Any]]
+    source: str = ""
+    dropped: int = 0
+
+
+def _finite(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise EventError(f"{name} is not a number: {value!r}") from exc
+    if not math.isfinite(number) or number < 0:
+        raise EventError(f"{name} must be finite and >= 0: {value!r}")
+    return number
+
+
+def _version(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise EventError(f"version is not an integer: {value!r}") from exc
+
+
+def _stages(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {k: _finite(v, f"stages.{k}") for k, v in value.items() if k in STAGES and v is not None}
+
+
+def parse_event(raw: Any) -> StatisticsEvent:
+    """Validate one event dict; raises :class:`EventError` on anything unusable."""
+    if not isinstance(raw, dict):
+        raise EventError("event is not an object")
+    endpoint = raw.get("endpoint")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise EventError("endpoint missing")
+    try:
+        status = int(raw.get("status", 200))
+    except (TypeError, ValueError) as exc:
+        raise EventError("status is not an integer") from exc
+    custom = raw.get("custom") or {}
+    return StatisticsEvent(
+        endpoint=endpoint, version=_version(raw.get("version")), status=status,
+        latency_s=_finite(raw.get("latency_s", 0.0), "latency_s"),
+        ts=float(raw.get("ts") or 0.0), stages=_stages(raw.get("stages")),
+        custom=custom if isinstance(custom, dict) else {},
+    )
+
+
+def _default(obj: Any) -> Any:
+    """Serialize numpy scalars and anything else a preprocessor may report."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return item()
+    return str(obj)
+
+
+def encode_batch(events: list[dict[str, Any]], source: str = "", dropped: int = 0) -> bytes:
+    envelope = {"schema": SCHEMA, "source": source, "dropped": dropped, "events": events}
+    return orjson.dumps(envelope, default=_default, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def decode_batch(data: bytes | str) -> Batch:
+    """Parse an envelope; a bare JSON list of events is accepted too (hand-made tests, curl)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise EventError(f"not JSON: {exc}") from exc
+    if isinstance(doc, list):
+        return Batch(events=doc)
+    if not isinstance(doc, dict) or not isinstance(doc.get("events"), list):
+        raise EventError("envelope has no events list")
+    schema = doc.get("schema", SCHEMA)
+    if not str(schema).startswith("serving.statistics/v1"):
+        raise EventError(f"unsupported schema {schema!r}")
+    return Batch(events=doc["events"], source=str(doc.get("source", "")),
+                 dropped=int(doc.get("dropped") or 0))
