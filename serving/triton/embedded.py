@@ -1,0 +1,292 @@
+"""Embedded Triton for `serving triton` and `serving up`: a real tritonserver, no container.
+
+The PyTriton wheel ships tritonserver with only the python backend, so each ONNX
+model is served by an onnxruntime session in this process, bound through
+PyTriton behind Triton's own dynamic batcher. Workers talk to it exactly as to
+a standalone Triton (gRPC/HTTP, model ``{model}_v{version}``), so swapping in a
+GPU Triton later changes a URL, not code.
+
+It follows the control plane's snapshots (ConfigSubscriber), fetches artifacts
+by hash, and binds models added later into the running server, no restart.
+Run it alone with ``python -m serving.triton.embedded``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sysconfig
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from serving.artifact_client import ArtifactFetcher
+from serving.config_client import ConfigSubscriber
+from serving.settings import TritonSettings
+from serving.triton.naming import TRITON_VERSION
+from serving.triton.repository import TritonTarget, triton_targets
+
+log = logging.getLogger(__name__)
+
+RECONCILE_PERIOD_S = 5.0  # retry targets whose artifact could not be fetched yet
+
+
+def fix_library_path() -> None:
+    """The python-backend stub loads libpython from the library path; point it at ours.
+
+    Without this it may pick up another libpython and fail with
+    ``'_thread.RLock' object has no attribute '_recursion_count'``.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR")
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    if libdir and libdir not in current.split(":"):
+        os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
+
+
+def default_ort_threads() -> int:
+    """Half the cores, at most 4: Triton, workers and tokenizers share the box."""
+    return max(1, min(4, (os.cpu_count() or 1) // 2))
+
+
+def triton_config(settings: TritonSettings) -> Any:
+    """Ports from settings, loopback by default (Triton would bind 0.0.0.0 otherwise)."""
+    from pytriton.triton import TritonConfig
+
+    host = settings.triton_host
+    return TritonConfig(
+        http_address=host, http_port=settings.triton_http_port,
+        grpc_address=host, grpc_port=settings.triton_grpc_port,
+        metrics_address=host, metrics_port=settings.triton_metrics_port,
+        allow_gpu_metrics=False, exit_timeout_secs=5, log_verbose=0,
+    )
+
+
+def onnx_session(path: Path, threads: int) -> Any:
+    """One session per model; ``run`` is thread-safe, so instances share it."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    # Spinning threads burn idle CPU that the other processes on a small box need.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def session_signature(session: Any) -> dict[str, Any]:
+    """Fallback signature read from the ONNX graph when the snapshot carries none."""
+    def spec(arg: Any) -> dict[str, Any]:
+        dtype = arg.type.removeprefix("tensor(").removesuffix(")")
+        names = {"float": "FP32", "double": "FP64", "string": "BYTES", "float16": "FP16"}
+        shape = [d if isinstance(d, int) else -1 for d in arg.shape]
+        return {"name": arg.name, "dtype": names.get(dtype, dtype.upper()), "shape": shape}
+
+    return {"inputs": [spec(a) for a in session.get_inputs()], "outputs": [spec(a) for a in session.get_outputs()]}
+
+
+def tensors(specs: list[dict[str, Any]]) -> list[Any]:
+    """PyTriton tensors: the batch dimension is Triton's, so strip it from the signature shape."""
+    from pytriton.model_config import Tensor
+    from tritonclient.utils import triton_to_np_dtype
+
+    out = []
+    for spec in specs:
+        dtype = triton_to_np_dtype(spec["dtype"].upper())
+        dtype = bytes if dtype is np.object_ else dtype
+        out.append(Tensor(name=spec["name"], dtype=dtype, shape=tuple(spec["shape"][1:]) or (1,)))
+    return out
+
+
+def make_infer_fn(session: Any, input_names: list[str], output_names: list[str]) -> Callable:
+    """Triton's batcher only groups same-shape requests, so @batch can concatenate them."""
+    from pytriton.decorators import batch
+
+    @batch
+    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {name: inputs[name] for name in input_names}
+        return dict(zip(output_names, session.run(output_names, feeds)))
+
+    return infer
+
+
+def pytriton_model_config(batching: dict[str, Any]) -> Any:
+    from pytriton.model_config import DynamicBatcher, ModelConfig
+
+    max_batch = int(batching.get("max_batch_size") or 0)
+    preferred = sorted({int(s) for s in batching.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
+    batcher = DynamicBatcher(max_queue_delay_microseconds=int(batching.get("max_queue_delay_us") or 0),
+                             preferred_batch_size=preferred or None)
+    return ModelConfig(batching=max_batch > 0, max_batch_size=max(max_batch, 1), batcher=batcher)
+
+
+class ModelBinder:
+    """Binds each triton-engine target of the newest snapshot into the running PyTriton server."""
+
+    def __init__(self, triton: Any, artifact_path: Callable[[str], Path], ort_threads: int, http_url: str) -> None:
+        self.triton = triton
+        self.artifact_path = artifact_path
+        self.ort_threads = ort_threads
+        self.http_url = http_url
+        self.bound: dict[str, str] = {}  # triton name -> artifact sha
+        self.wanted: dict[str, TritonTarget] = {}
+        self.lock = threading.RLock()  # binding and liveness checks must not interleave
+        self.closed = False
+
+    def apply(self, snapshot: dict[str, Any]) -> None:
+        """ConfigSubscriber callback: never raises, a bad target must not block the others."""
+        with self.lock:
+            self.wanted = triton_targets(snapshot)
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            for name, artifact in list(self.bound.items()):
+                if self.wanted.get(name) is None or self.wanted[name].artifact != artifact:
+                    self._guard(self._unbind, name)
+            for name, target in self.wanted.items():
+                if name not in self.bound:
+                    self._guard(self._bind, target)
+
+    def alive(self) -> bool:
+        with self.lock:
+            return self.triton.is_alive()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+
+    def _guard(self, action: Callable, arg: Any) -> None:
+        try:
+            action(arg)
+        except Exception:
+            log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), getattr(arg, "name", arg))
+
+    def _bind(self, target: TritonTarget) -> None:
+        session = onnx_session(self.artifact_path(target.artifact), self.ort_threads)
+        signature = target.signature or session_signature(session)
+        input_names = [s["name"] for s in signature["inputs"]]
+        output_names = [s["name"] for s in signature["outputs"]]
+        instances = max(1, int(target.batching.get("instances") or 1))
+        self.triton.bind(
+            model_name=target.name,
+            infer_func=[make_infer_fn(session, input_names, output_names) for _ in range(instances)],
+            inputs=tensors(signature["inputs"]),
+            outputs=tensors(signature["outputs"]),
+            model_version=TRITON_VERSION,
+            config=pytriton_model_config(target.batching),
+            strict=False,
+        )
+        self.bound[target.name] = target.artifact
+        log.info("loaded %s (artifact %s, %d instance(s))", target.name, target.artifact[:12], instances)
+
+    def _unbind(self, name: str) -> None:
+        """PyTriton (0.7) has no public unbind: do for one model what ModelManager.clean does for all.
+
+        Order matters: the model's observers are cleared (model.clean) before Triton
+        unloads it, else the stub shutting down would make PyTriton stop the server.
+        """
+        import tritonclient.http as httpclient
+        from pytriton.client.auth import create_auth_headers
+
+        model = self.triton._model_manager._models.pop((name.lower(), TRITON_VERSION), None)
+        self.bound.pop(name, None)
+        if model is None:
+            return
+        model.clean()
+        headers = create_auth_headers(self.triton.get_access_token(), "http")
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=60.0)
+        try:
+            client.unload_model(name, headers=headers)
+        finally:
+            client.close()
+        log.info("unloaded %s", name)
+
+
+def _handle_signals(stop: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT only set ``stop``; cleanup runs in the main flow (workspace, server)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, lambda *_: stop.set())
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def _serve(stop: threading.Event, binder: ModelBinder) -> bool:
+    """Watch the server every second; retry unbound targets now and then. True if Triton died."""
+    last_reconcile = time.monotonic()
+    while not stop.wait(1.0):
+        if not binder.alive():
+            return True
+        if time.monotonic() - last_reconcile >= RECONCILE_PERIOD_S:
+            binder.reconcile()
+            last_reconcile = time.monotonic()
+    return False
+
+
+def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | None = None,
+                        *, ort_threads: int | None = None) -> None:
+    """Serve until ``stop_event`` is set or SIGTERM/SIGINT; raises if tritonserver dies."""
+    from pytriton.triton import Triton
+
+    _default_logging()
+    stop = stop_event or threading.Event()
+    restore_signals = _handle_signals(stop)
+    fix_library_path()
+    threads = ort_threads or getattr(settings, "triton_ort_threads", None) or default_ort_threads()
+    # Short, unique path: PyTriton puts unix sockets in it (108-byte limit), and two
+    # servers on one box must never share one.
+    workspace = Path(tempfile.gettempdir()) / f"serving-triton-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    triton = Triton(config=triton_config(settings), workspace=workspace)
+    subscriber: ConfigSubscriber | None = None
+    binder: ModelBinder | None = None
+    died = False
+    try:
+        triton.run()
+        fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache",
+                                  shared_dir=settings.resolved_artifact_dir())
+        http_url = f"{settings.triton_host}:{settings.triton_http_port}"
+        binder = ModelBinder(triton, fetcher.path, threads, http_url)
+        subscriber = ConfigSubscriber(settings.control_plane_url, binder.apply,
+                                      cache_path=settings.home / "triton-config.json").start()
+        log.info("embedded triton ready: grpc %s:%s http %s", settings.triton_host,
+                 settings.triton_grpc_port, http_url)
+        died = _serve(stop, binder)
+    finally:
+        if subscriber is not None:
+            subscriber.stop()
+        if binder is not None:
+            binder.close()
+        triton.stop()
+        shutil.rmtree(workspace, ignore_errors=True)
+        restore_signals()
+    if died:
+        raise RuntimeError("tritonserver exited unexpectedly")
+
+
+def _default_logging() -> None:
+    """As a process entry point (CLI), log loads/unloads; leave a host app's logging alone."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("pytriton").setLevel(logging.WARNING)
+
+
+def main() -> None:
+    run_embedded_triton(TritonSettings())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Keep an external Triton model repository in step with the config snapshot.
+
+A standalone Triton (its own container, GPU box, ...) cannot follow our SSE
+stream, so the control plane writes its model repository instead:
+``<repo>/<triton_name>/config.pbtxt`` plus ``1/model.onnx``, and, when Triton
+runs with ``--model-control-mode=explicit``, tells it to load/unload by HTTP.
+
+config.pbtxt is generated from Triton's own protobuf schema (bundled in
+tritonclient) rather than by string formatting, so a typo can never produce a
+file Triton refuses at load time; ``validate_config_pbtxt`` parses strictly
+against the same schema.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.triton.naming import TRITON_VERSION, triton_model_name
+
+log = logging.getLogger(__name__)
+
+MARKER = ".serving-managed"  # only directories carrying it are ever removed
+DEFAULT_BATCHING: dict[str, Any] = {"max_batch_size": 32, "max_queue_delay_us": 2000,
+                                    "preferred_batch_sizes": [], "instances": 1}
+
+
+class ConfigError(ValueError):
+    """A config.pbtxt that Triton would refuse."""
+
+
+@dataclass(frozen=True)
+class TritonTarget:
+    """One model Triton must serve, with the batching of the endpoint that uses it."""
+
+    name: str
+    artifact: str
+    signature: dict[str, Any] | None
+    batching: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BATCHING))
+
+
+def triton_targets(snapshot: dict[str, Any]) -> dict[str, TritonTarget]:
+    """Targets of every ``engine == "triton"`` endpoint, by Triton model name.
+
+    A model version shared by two endpoints is one Triton model; the first
+    endpoint (by name, so the choice is stable) decides its batching.
+    """
+    found: dict[str, TritonTarget] = {}
+    endpoints = snapshot.get("endpoints") or {}
+    for ep_name in sorted(endpoints):
+        ep = endpoints[ep_name]
+        if ep.get("engine") != "triton":
+            continue
+        batching = {**DEFAULT_BATCHING, **(ep.get("batching") or {})}
+        for t in ep.get("targets") or []:
+            name = t.get("triton_name") or triton_model_name(t["model"], t["version"])
+            if name not in found:
+                found[name] = TritonTarget(name, t["artifact"], t.get("signature"), batching)
+    return found
+
+
+def triton_dtype(dtype: str) -> int:
+    """Signature dtype (KServe v2 name, e.g. ``FP32``) -> Triton config enum."""
+    key = "TYPE_STRING" if dtype.upper() == "BYTES" else f"TYPE_{dtype.upper()}"
+    try:
+        return mc.DataType.Value(key)
+    except ValueError:
+        raise ConfigError(f"unsupported dtype {dtype!r}") from None
+
+
+def _add_tensors(repeated: Any, specs: list[dict[str, Any]], batched: bool) -> None:
+    for spec in specs:
+        shape = list(spec["shape"])
+        dims = shape[1:] if batched else shape  # Triton adds the batch dimension itself
+        repeated.add(name=spec["name"], data_type=triton_dtype(spec["dtype"]), dims=dims or [1])
+
+
+def model_config(target: TritonTarget) -> mc.ModelConfig:
+    """The ModelConfig message for an ONNX target behind Triton's dynamic batcher."""
+    b = target.batching
+    max_batch = int(b.get("max_batch_size") or 0)
+    cfg = mc.ModelConfig(name=target.name, platform="onnxruntime_onnx", backend="onnxruntime",
+                         max_batch_size=max_batch)
+    if max_batch > 0:
+        preferred = sorted({int(s) for s in b.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
+        cfg.dynamic_batching.max_queue_delay_microseconds = int(b.get("max_queue_delay_us") or 0)
+        cfg.dynamic_batching.preferred_batch_size.extend(preferred)
+    cfg.instance_group.add(count=max(1, int(b.get("instances") or 1)), kind=mc.ModelInstanceGroup.KIND_AUTO)
+    if target.signature:  # without one Triton auto-completes I/O from the ONNX file
+        _add_tensors(cfg.input, target.signature.get("inputs", []), max_batch > 0)
+        _add_tensors(cfg.output, target.signature.get("outputs", []), max_batch > 0)
+    return cfg
+
+
+def config_pbtxt(target: TritonTarget) -> str:
+    return text_format.MessageToString(model_config(target))
+
+
+def validate_config_pbtxt(text: str) -> mc.ModelConfig:
+    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load."""
+    cfg = mc.ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as exc:
+        raise ConfigError(f"config.pbtxt does not match Triton's schema: {exc}") from exc
+    if not cfg.name or not (cfg.backend or cfg.platform):
+        raise ConfigError("config.pbtxt needs a name and a backend or platform")
+    if cfg.max_batch_size < 0:
+        raise ConfigError("max_batch_size must be >= 0")
+    for tensor in [*cfg.input, *cfg.output]:
+        if not tensor.name or tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
+            raise ConfigError(f"tensor {tensor.name!r} needs a name, a data_type and dims")
+    if any(s > cfg.max_batch_size for s in cfg.dynamic_batching.preferred_batch_size):
+        raise ConfigError("preferred_batch_size above max_batch_size")
+    return cfg
+
+
+def _write_text(path: Path, text: str) -> bool:
+    """Atomic write; returns whether the content changed (so unchanged models are not reloaded)."""
+    if path.exists() and path.read_text() == text:
+        return False
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return True
+
+
+def _place_file(src: Path, dest: Path) -> None:
+    """Hardlink (no copy of a large model) when on one filesystem, copy otherwise; atomic."""
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+def write_model(repo_dir: Path, target: TritonTarget, onnx_path: Path) -> bool:
+    """Write one model directory; returns whether anything in it changed."""
+    model_dir = repo_dir / target.name
+    version_dir = model_dir / str(TRITON_VERSION)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    text = config_pbtxt(target)
+    validate_config_pbtxt(text)
+    marker = json.dumps({"artifact": target.artifact})
+    changed = _write_text(model_dir / MARKER, marker)
+    if changed or not (version_dir / "model.onnx").exists():
+        _place_file(onnx_path, version_dir / "model.onnx")
+        changed = True
+    return _write_text(model_dir / "config.pbtxt", text) or changed
+
+
+def managed_models(repo_dir: Path) -> set[str]:
+    """Model directories this writer owns (others in a shared repository are left alone)."""
+    if not repo_dir.exists():
+        return set()
+    return {p.name for p in repo_dir.iterdir() if (p / MARKER).exists()}
+
+
+class RepositorySync:
+    """Makes ``repo_dir`` (and, with ``control_url``, the Triton serving it) match each snapshot."""
+
+    def __init__(self, repo_dir: Path, artifact_path: Callable[[str], Path], control_url: str | None,
+                 headers: dict[str, str] | None = None) -> None:
+        self.repo_dir = Path(repo_dir)
+        self.artifact_path = artifact_path
+        self.control_url = control_url
+        self.headers = headers
+        self._synced_once = False
+
+    def apply(self, snapshot: dict[str, Any]) -> None:
+        """Write new/changed models, then load them, then unload and delete removed ones."""
+        self.repo_dir.mkdir(parents=True, exist_ok=True)
+        wanted = triton_targets(snapshot)
+        stale = managed_models(self.repo_dir) - set(wanted)
+        changed = []
+        for name, target in wanted.items():
+            try:
+                if write_model(self.repo_dir, target, self.artifact_path(target.artifact)):
+                    changed.append(name)
+            except (OSError, ConfigError) as exc:
+                log.error("cannot write Triton model %s: %s", name, exc)
+        # On the first snapshot Triton's state is unknown: (re)load everything we want.
+        to_load = sorted(wanted) if not self._synced_once else changed
+        self._control(to_load, sorted(stale))
+        for name in stale:
+            shutil.rmtree(self.repo_dir / name, ignore_errors=True)
+        self._synced_once = True
+
+    def _control(self, load: list[str], unload: list[str]) -> None:
+        if not self.control_url or not (load or unload):
+            return
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(_strip_scheme(self.control_url), network_timeout=120.0)
+        try:
+            for name, action in [*((n, client.load_model) for n in load),
+                                 *((n, client.unload_model) for n in unload)]:
+                try:
+                    action(name, headers=self.headers)
+                    log.info("triton %s %s", action.__name__, name)
+                except Exception as exc:  # Triton down or model broken: log, keep the others going
+                    log.error("triton %s %s failed: %s", action.__name__, name, exc)
+        finally:
+            client.close()
+
+
+def _strip_scheme(url: str) -> str:
+    """tritonclient wants host:port; the settings carry a URL."""
+    return url.split("://", 1)[-1].rstrip("/")
