@@ -25,13 +25,35 @@ def upload(
     framework: str = typer.Option("onnx", help="onnx | custom"),
     tag: list[str] = typer.Option([], "--tag", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
+    optimize: Optional[str] = typer.Option(None, help="fusion | int8: onnxruntime transformer fusions, + int8 weights"),
+    num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
+    hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
     """Upload a model file (with a progress bar) and register it as a new version."""
     cp = plane(ctx)
+    try:
+        meta = json.loads(metadata) if metadata else {}
+    except ValueError as exc:
+        raise typer.BadParameter(f"--metadata is not valid JSON: {exc}")
+    if optimize:
+        path, report = _optimized(path, optimize, num_heads, hidden_size)
+        meta.update(report)
     sha = cp.upload_file(path)
-    meta = json.loads(metadata) if metadata else {}
     m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework, "tags": tag, "metadata": meta})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] ({m['size']} bytes, sha256 {m['sha256'][:12]})")
+
+
+def _optimized(path: Path, mode: str, num_heads: int, hidden_size: int) -> tuple[Path, dict]:
+    from serving.optimize import optimize
+
+    if mode not in ("fusion", "int8"):
+        raise typer.BadParameter(f"--optimize must be fusion or int8, not {mode!r}")
+    with console.status(f"optimizing ({mode}) and checking agreement on a sample"):
+        report = optimize(path, mode, num_heads=num_heads, hidden_size=hidden_size)
+    console.print(f"{mode}: predicted label agrees with the original on {report.label_agreement:.1%} of "
+                  f"{report.samples} samples (max |logit diff| {report.max_abs_logit_diff:.2e}); "
+                  f"{report.size_before / 1e6:.1f} MB -> {report.size_after / 1e6:.1f} MB")
+    return report.path, report.as_metadata()
 
 
 @app.command("list")
