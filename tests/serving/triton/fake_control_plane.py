@@ -66,21 +66,26 @@ class FakeControlPlane:
 
 
 @contextmanager
-def running(fake: FakeControlPlane) -> Iterator[str]:
-    """Serve ``fake`` in a thread; yields its base URL."""
+def serve_app(app: FastAPI, health_path: str) -> Iterator[str]:
+    """Serve a FastAPI app with uvicorn in a thread on a free loopback port; yields its base URL."""
     port = free_port()
-    config = uvicorn.Config(fake.app, host="127.0.0.1", port=port, log_level="warning",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", timeout=10)
+        wait_http(url + health_path, timeout=10)
         yield url
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+@contextmanager
+def running(fake: FakeControlPlane) -> Iterator[str]:
+    with serve_app(fake.app, "/health") as url:
+        yield url
 
 
 def triton_endpoint(name: str, targets: list[dict[str, Any]], max_batch_size: int = 8) -> dict[str, Any]:
