@@ -5,10 +5,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from registry.orm import ConfigState, Endpoint, EndpointTarget
-
-
-def triton_model_name(model: str, version: int) -> str:
-    return f"{model}_v{version}"
+from serving.triton.naming import triton_model_name
 
 
 def _target(t: EndpointTarget) -> dict:

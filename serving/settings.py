@@ -45,9 +45,20 @@ class WorkerSettings(CommonSettings):
     triton_grpc_url: str = "127.0.0.1:8001"
     kafka_bootstrap_servers: str | None = None
     kafka_topic: str = "serving-statistics"
+    statistics_host: str = "127.0.0.1"
+    statistics_port: int = 9999
+    statistics_enabled: bool = True  # off only to measure what recording costs
+    workers: int = 1                 # processes on this port; sizes onnxruntime's thread pool
+    ort_threads: int = 0             # onnxruntime intra-op threads per process; 0: cores / workers
+    infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"
+
+    def resolved_ort_threads(self) -> int:
+        import os
+
+        return self.ort_threads or max(1, (os.cpu_count() or 1) // max(1, self.workers))
 
 
 class TritonSettings(CommonSettings):

@@ -1,8 +1,6 @@
 """HTTP client of the control plane for the CLI: one place that turns failures into clear messages."""
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,14 +54,9 @@ class ControlPlane:
 
     def upload_dir(self, path: Path) -> str:
         """Tokenizer directories travel as one deterministic tar.gz artifact."""
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-            for file in sorted(p for p in path.iterdir() if p.is_file()):
-                info = tar.gettarinfo(str(file), arcname=file.name)
-                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-                with open(file, "rb") as f:
-                    tar.addfile(info, f)
-        return self.post("/artifacts", content=buf.getvalue(), timeout=600.0)["sha256"]
+        from preprocess.loader import pack_directory
+
+        return self.post("/artifacts", content=pack_directory(path), timeout=600.0)["sha256"]
 
 
 def _readable(detail: Any) -> str:

@@ -1,0 +1,51 @@
+"""Build an endpoint's processor from its snapshot ``preprocess`` entry and fetched artifacts."""
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+from preprocess.base import Processor
+from preprocess.passthrough import PassthroughProcessor
+from preprocess.tokenizer import TokenizerProcessor
+from preprocess.user_code import UserCodeError, UserProcessor
+
+
+def pack_directory(path: Path) -> bytes:
+    """A tar.gz of the directory's files with times and owners zeroed: same files, same hash."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
+        with tarfile.open(fileobj=gz, mode="w") as tar:
+            for file in sorted(p for p in path.iterdir() if p.is_file()):
+                info = tar.gettarinfo(str(file), arcname=file.name)
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                with open(file, "rb") as f:
+                    tar.addfile(info, f)
+    return buf.getvalue()
+
+
+def unpack_tokenizer(archive: Path, dest_root: Path) -> Path:
+    """Tokenizer directories travel as a tar.gz; unpack once per content hash."""
+    dest = dest_root / archive.name
+    if not (dest / ".complete").exists():
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+        (dest / ".complete").touch()
+    return dest
+
+
+def build_processor(spec: dict[str, Any], artifact_path: Callable[[str], Path], unpack_root: Path,
+                    model_file: Path | None = None) -> Processor:
+    """``model_file`` goes to ``Preprocess.load`` for custom engines, as in ClearML Serving."""
+    kind = spec.get("kind") or "none"
+    options = spec.get("options") or {}
+    if kind == "tokenizer":
+        return TokenizerProcessor.from_options(unpack_tokenizer(artifact_path(spec["artifact"]), unpack_root), options)
+    if kind == "user":
+        return UserProcessor(artifact_path(spec["artifact"]), model_file)
+    if kind == "none":
+        return PassthroughProcessor()
+    raise UserCodeError(f"unknown preprocess kind {kind!r}")

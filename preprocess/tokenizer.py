@@ -1,0 +1,133 @@
+"""Built-in text preprocessing: a Hugging Face fast tokenizer in, labels and scores out.
+
+It uses the ``tokenizers`` library directly on ``tokenizer.json`` (the same Rust
+tokenizer ``transformers`` wraps) because importing ``transformers`` costs seconds
+and memory in every worker process; a directory without ``tokenizer.json`` falls
+back to ``transformers.AutoTokenizer``. Padding is dynamic: to the longest text of
+the request, never to ``max_length``, which is what keeps short requests cheap.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from preprocess.base import Collect, PreprocessError
+
+DEFAULT_MAX_LENGTH = 128
+MAX_TEXTS = 256  # per request; a bigger batch belongs in several requests
+
+
+def read_texts(body: Any) -> tuple[list[str], bool]:
+    """The texts of ``{"text": str}`` or ``{"texts": [str, ...]}``, and whether it was one."""
+    if not isinstance(body, dict):
+        raise PreprocessError('the body must be a JSON object: {"text": "..."} or {"texts": ["...", ...]}')
+    if "text" in body:
+        text = body["text"]
+        if not isinstance(text, str):
+            raise PreprocessError(f'"text" must be a string, got {type(text).__name__}')
+        return [text], True
+    if "texts" in body:
+        texts = body["texts"]
+        if not isinstance(texts, list) or not texts:
+            raise PreprocessError('"texts" must be a non-empty list of strings')
+        if len(texts) > MAX_TEXTS:
+            raise PreprocessError(f'"texts" has {len(texts)} items; at most {MAX_TEXTS} per request')
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+        if bad:
+            raise PreprocessError(f'"texts" items must be strings; item {bad[0]} is not')
+        return texts, False
+    raise PreprocessError('missing field "text" (a string) or "texts" (a list of strings)')
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class _RustTokenizer:
+    def __init__(self, directory: Path, max_length: int) -> None:
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        config = _read_json(directory / "tokenizer_config.json")
+        pad = config.get("pad_token") or "[PAD]"
+        pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
+        pad_id = self.tok.token_to_id(pad)
+        self.tok.enable_truncation(max_length)
+        self.tok.enable_padding(pad_id=pad_id if pad_id is not None else 0, pad_token=pad)
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        encs = self.tok.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
+        }
+
+
+class _HfTokenizer:
+    def __init__(self, directory: Path, max_length: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        self.max_length = max_length
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        enc = self.tok(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="np")
+        return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class TokenizerProcessor:
+    """``{"text"}``/``{"texts"}`` -> token tensors; logits -> label, score, logits.
+
+    Reports the custom statistics ``tokens`` (tokens of the first text), ``label``
+    and ``score`` (its prediction), so drift on input length and on predicted
+    class works without any user code.
+    """
+
+    outputs_form = "dict"
+    has_process = False
+
+    def __init__(self, directory: Path, max_length: int = DEFAULT_MAX_LENGTH,
+                 labels: list[str] | None = None, output: str | None = None) -> None:
+        self.encode = (_RustTokenizer if (directory / "tokenizer.json").exists() else _HfTokenizer)(directory, max_length)
+        self.labels = labels or []
+        self.output = output
+
+    @classmethod
+    def from_options(cls, directory: Path, options: dict[str, Any]) -> "TokenizerProcessor":
+        return cls(directory, int(options.get("max_length") or DEFAULT_MAX_LENGTH), options.get("labels"),
+                   options.get("output"))
+
+    async def preprocess(self, body: Any, state: dict, collect: Collect) -> dict[str, np.ndarray]:
+        texts, single = read_texts(body)
+        tensors = self.encode(texts)
+        state["single"] = single
+        collect({"tokens": int(tensors["attention_mask"][0].sum())})
+        return tensors
+
+    async def process(self, data: Any, state: dict, collect: Collect) -> Any:
+        raise PreprocessError("the tokenizer preprocessor needs a model engine (triton or onnxruntime)")
+
+    async def postprocess(self, data: dict[str, np.ndarray], state: dict, collect: Collect) -> dict[str, Any]:
+        raw = np.asarray(data[self.output] if self.output in data else next(iter(data.values())))
+        raw = raw.reshape(raw.shape[0], -1)
+        probs = softmax(raw.astype(np.float64))
+        answers = [{"label": self._label(int(k)), "score": float(p[k]), "logits": row.tolist()}
+                   for k, p, row in zip(probs.argmax(axis=-1), probs, raw)]
+        collect({"label": answers[0]["label"], "score": answers[0]["score"]})
+        return answers[0] if state.get("single") else {"predictions": answers}
+
+    def _label(self, index: int) -> str:
+        return self.labels[index] if index < len(self.labels) else f"LABEL_{index}"

@@ -1,0 +1,95 @@
+"""The worker's FastAPI app: wires config sync, engines, recorder and the front ends together.
+
+``create_app(settings, snapshot=...)`` serves a fixed snapshot with no control
+plane (in-process tests); without it the app follows the control plane and
+starts from its local cache.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+
+from serving.artifact_client import ArtifactFetcher
+from serving.settings import WorkerSettings
+from serving.worker.config_sync import ConfigSync
+from serving.worker.dataplane import DataPlane, Recorder
+from serving.worker.engines.onnxruntime import OnnxRuntimeEngine
+from serving.worker.engines.triton import TritonEngine
+from serving.worker.errors import ServingError
+from serving.worker.frontends.body import json_response
+from serving.worker.frontends.serve_rest import serve_router
+from serving.worker.frontends.v2 import v2_router
+
+log = logging.getLogger(__name__)
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServingError)
+    async def serving_error(request: Request, exc: ServingError) -> Response:
+        return json_response({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return json_response({"error": problems}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return json_response({"error": f"internal error ({type(exc).__name__}); see the worker log"},
+                              status_code=500)
+
+
+def _start_recorder(settings: WorkerSettings, sync: ConfigSync) -> Any:
+    from serving.statistics.recorder import recorder_from_settings
+
+    recorder = recorder_from_settings(settings, follow_config=False)
+    sync.listeners.append(recorder.apply_snapshot)
+    return recorder
+
+
+def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = None,
+               recorder: Recorder | None = None) -> FastAPI:
+    settings = settings or WorkerSettings()
+    fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache", settings.resolved_artifact_dir())
+    engines = {"triton": TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s),
+               "onnxruntime": OnnxRuntimeEngine(fetcher.path, settings.resolved_ort_threads())}
+    sync = ConfigSync(engines, fetcher.path, settings.home / "cache" / "unpacked")
+    dataplane = DataPlane(sync, engines, recorder)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = None
+        if dataplane.recorder is None and settings.statistics_enabled:
+            owned = dataplane.recorder = _start_recorder(settings, sync)
+        if snapshot is not None:
+            sync.apply(snapshot)
+        else:
+            sync.follow(settings.control_plane_url, settings.resolved_cache())
+        yield
+        sync.stop()
+        for engine in engines.values():
+            await engine.close()
+        if owned is not None:
+            owned.close()
+
+    app = FastAPI(title="serving worker", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.dataplane = dataplane
+    _error_handlers(app)
+    app.include_router(serve_router(dataplane, settings.max_body_bytes))
+    app.include_router(v2_router(dataplane, settings.max_body_bytes))
+
+    @app.get("/status")
+    def status() -> dict:
+        config = sync.current
+        return {"revision": config.revision, "pid": os.getpid(), "errors": dict(config.errors),
+                "endpoints": {n: {"engine": ep.engine, "preprocess": ep.preprocess_kind,
+                                  "versions": [{"version": t.version, "weight": t.weight} for t in ep.targets]}
+                              for n, ep in config.endpoints.items()}}
+
+    return app

@@ -1,0 +1,163 @@
+"""The protocol-agnostic data plane: every front end (``/serve`` REST, v2) calls this.
+
+One request: resolve the endpoint in the current config, route to a model version
+(canary weights, sticky routing key, or an explicit version), preprocess, run the
+engine, postprocess, and hand one statistics event to the recorder. Front ends
+only translate their wire format; errors are :class:`ServingError` subclasses that
+carry their HTTP status, so every protocol reports them the same way.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+
+from preprocess.base import PreprocessError
+from preprocess.tensors import clearml_outputs, to_model_inputs
+from serving.worker import routing
+from serving.worker.engines.base import Engine
+from serving.worker.errors import BadRequest, NotFound, ServingError, Unavailable, Unprocessable
+from serving.worker.runtime import Config, EndpointRuntime, Target
+
+
+class ConfigSource(Protocol):
+    current: Config
+
+
+class Recorder(Protocol):
+    def record(self, event: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class Answer:
+    target: Target
+    body: Any
+
+
+@dataclass
+class _Stats:
+    """Timings and custom variables of one request, filled in as it goes."""
+
+    endpoint: str
+    t0: float = field(default_factory=time.perf_counter)
+    version: int | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    custom: dict[str, Any] = field(default_factory=dict)
+    _mark: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._mark = self.t0
+
+    def stage(self, name: str) -> None:
+        now = time.perf_counter()
+        self.stages[name] = now - self._mark
+        self._mark = now
+
+    def collect(self, values: dict) -> None:
+        if isinstance(values, dict):
+            self.custom.update(values)
+
+
+class DataPlane:
+    def __init__(self, config: ConfigSource, engines: Mapping[str, Engine], recorder: Recorder | None = None) -> None:
+        self.config = config
+        self.engines = engines
+        self.recorder = recorder
+
+    # --- lookups ------------------------------------------------------------------
+    def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
+        config = config or self.config.current
+        ep = config.endpoints.get(name)
+        if ep is not None:
+            return ep
+        if name in config.errors:
+            raise Unavailable(f"endpoint {name!r} failed to load: {config.errors[name]}", retry_after_s=5)
+        if not config.loaded:
+            raise Unavailable("this worker has no configuration yet (control plane unreachable, no cache)")
+        known = ", ".join(sorted(config.endpoints)) or "none"
+        raise NotFound(f"unknown endpoint {name!r} (endpoints: {known})")
+
+    def route(self, ep: EndpointRuntime, version: int | None, routing_key: str | None) -> Target:
+        if version is None:
+            return routing.choose(ep.targets, ep.weights, routing_key)
+        target = ep.version(version)
+        if target is None:
+            serving = ", ".join(str(t.version) for t in ep.targets)
+            raise NotFound(f"endpoint {ep.name!r} does not serve version {version} (versions: {serving})")
+        return target
+
+    async def ready(self, name: str) -> bool:
+        ep = self.endpoint(name)
+        engine = self.engines.get(ep.engine)
+        if engine is None:
+            return True
+        for target in ep.targets:
+            if not await engine.ready(target):
+                return False
+        return True
+
+    # --- inference ----------------------------------------------------------------
+    async def infer(self, name: str, body: Any, version: int | None = None, routing_key: str | None = None) -> Answer:
+        """A request body in, the postprocessed answer out (``/serve``)."""
+        ep = self.endpoint(name)
+        target = self.route(ep, version, routing_key)
+        stats = _Stats(ep.name, version=target.version)
+        status = 500
+        try:
+            state: dict[str, Any] = {}
+            data = await ep.processor.preprocess(body, state, stats.collect)
+            stats.stage("preprocess")
+            if ep.engine == "custom":
+                data = await ep.processor.process(data, state, stats.collect)
+            else:
+                outputs = await self._run(ep, target, to_model_inputs(data, target.inputs))
+                data = outputs if ep.processor.outputs_form == "dict" else clearml_outputs(outputs, list(outputs))
+            stats.stage("inference")
+            answer = await ep.processor.postprocess(data, state, stats.collect)
+            stats.stage("postprocess")
+            status = 200
+            return Answer(target, answer)
+        except PreprocessError as exc:
+            status = 422
+            raise Unprocessable(str(exc)) from None
+        except ServingError as exc:
+            status = exc.status
+            raise
+        finally:
+            self._record(stats, status)
+
+    async def infer_tensors(self, name: str, inputs: dict[str, np.ndarray], version: int | None = None,
+                            routing_key: str | None = None) -> tuple[Target, dict[str, np.ndarray]]:
+        """Named tensors in, model outputs out, no preprocessing (the v2 protocol)."""
+        ep = self.endpoint(name)
+        target = self.route(ep, version, routing_key)
+        if ep.engine == "custom":
+            raise BadRequest(f"endpoint {name!r} runs a custom engine; send it JSON on /serve/{name}")
+        stats = _Stats(ep.name, version=target.version)
+        status = 500
+        try:
+            try:
+                tensors = to_model_inputs(inputs, target.inputs) if target.inputs else inputs
+            except PreprocessError as exc:
+                raise BadRequest(str(exc)) from None
+            outputs = await self._run(ep, target, tensors)
+            stats.stage("inference")
+            status = 200
+            return target, outputs
+        except ServingError as exc:
+            status = exc.status
+            raise
+        finally:
+            self._record(stats, status)
+
+    async def _run(self, ep: EndpointRuntime, target: Target, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return await self.engines[ep.engine].infer(target, tensors)
+
+    def _record(self, stats: _Stats, status: int) -> None:
+        if self.recorder is None:
+            return
+        self.recorder.record({"ts": time.time(), "endpoint": stats.endpoint, "version": stats.version,
+                              "status": status, "latency_s": time.perf_counter() - stats.t0,
+                              "stages": stats.stages, "custom": stats.custom})

@@ -1,0 +1,1 @@
+"""Model engines a worker forwards tensors to: Triton over gRPC, or onnxruntime in-process."""

@@ -1,0 +1,71 @@
+"""Run small models inside the worker with onnxruntime: no Triton hop, no batching across requests.
+
+Sessions load when a config is applied (never on a request), one per model
+artifact, and run on a one-thread executor so the event loop keeps accepting
+requests; ``threads`` sets onnxruntime's intra-op pool, which must shrink as the
+number of worker processes on the machine grows or they fight over the cores.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from serving.worker.errors import BadRequest, Unavailable
+from serving.worker.runtime import Target
+
+
+class OnnxRuntimeEngine:
+    def __init__(self, artifact_path: Callable[[str], Path], threads: int = 1) -> None:
+        self.artifact_path = artifact_path
+        self.threads = threads
+        self._sessions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxruntime")
+
+    def _load(self, artifact: str) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        return ort.InferenceSession(str(self.artifact_path(artifact)), options, providers=_providers(ort))
+
+    def prepare(self, target: Target) -> None:
+        with self._lock:
+            if target.artifact not in self._sessions:
+                self._sessions[target.artifact] = self._load(target.artifact)
+
+    def retain(self, targets: Iterable[Target]) -> None:
+        keep = {t.artifact for t in targets}
+        with self._lock:
+            for artifact in set(self._sessions) - keep:
+                del self._sessions[artifact]
+
+    async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self._sessions.get(target.artifact)
+        if session is None:
+            raise Unavailable(f"model {target.model}:{target.version} is still loading")
+        names = target.output_names or [o.name for o in session.get_outputs()]
+        loop = asyncio.get_running_loop()
+        try:
+            values = await loop.run_in_executor(self._executor, session.run, names, inputs)
+        except Exception as exc:  # onnxruntime raises its own types for bad shapes/dtypes
+            raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {exc}") from None
+        return dict(zip(names, values))
+
+    async def ready(self, target: Target) -> bool:
+        return target.artifact in self._sessions
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+def _providers(ort: Any) -> list[str]:
+    """CUDA when this onnxruntime build has it, so a GPU box needs no other setting."""
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]

@@ -1,0 +1,80 @@
+"""Forward tensors to NVIDIA Triton over gRPC (``tritonclient.grpc.aio``).
+
+One client (one HTTP/2 channel) per worker process, created inside the process's
+event loop on first use and reused by every request: a channel per request would
+cost a TCP and HTTP/2 handshake each time. gRPC reconnects the channel by itself,
+so when Triton comes back requests succeed again without a restart; meanwhile
+each failure is a 503 with ``Retry-After``.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Iterable
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from serving.worker.errors import BadGateway, BadRequest, Unavailable
+from serving.worker.runtime import Target
+
+_MODEL_MISSING = ("unknown model", "is not ready", "not found", "no version is available")
+_UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "failed to connect", "Socket closed")
+
+
+def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
+    status, message = str(exc.status() or ""), str(exc.message() or exc)
+    if any(s in message for s in _MODEL_MISSING):
+        return Unavailable(f"model {model} is not loaded in Triton yet")
+    if any(s in status or s in message for s in _UNREACHABLE):
+        return Unavailable(f"Triton at {url} is unreachable ({status or message})")
+    if "INVALID_ARGUMENT" in status:
+        return BadRequest(f"Triton rejected the request for {model}: {message}")
+    return BadGateway(f"Triton failed on {model}: {message}")
+
+
+class TritonEngine:
+    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self._client: grpc_aio.InferenceServerClient | None = None
+
+    def client(self) -> grpc_aio.InferenceServerClient:
+        if self._client is None:
+            self._client = grpc_aio.InferenceServerClient(self.url)
+        return self._client
+
+    def prepare(self, target: Target) -> None:
+        """Triton holds the models; nothing to load here."""
+
+    def retain(self, targets: Iterable[Target]) -> None:
+        pass
+
+    async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        outputs = [InferRequestedOutput(n) for n in target.output_names]
+        try:
+            result = await self.client().infer(target.triton_name, tensors, outputs=outputs or None,
+                                               client_timeout=self.timeout_s)
+        except InferenceServerException as exc:
+            raise classify(exc, self.url, target.triton_name) from None
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise Unavailable(f"Triton at {self.url} is unreachable ({exc})") from None
+        names = target.output_names or [o.name for o in result.get_response().outputs]
+        return {n: result.as_numpy(n) for n in names}
+
+    async def ready(self, target: Target) -> bool:
+        try:
+            return bool(await self.client().is_model_ready(target.triton_name, client_timeout=2.0))
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

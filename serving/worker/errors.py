@@ -1,0 +1,42 @@
+"""Errors a client may see, each with its HTTP status: never a 500 with a traceback."""
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    status = 500
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class BadRequest(ServingError):
+    status = 400
+
+
+class NotFound(ServingError):
+    status = 404
+
+
+class PayloadTooLarge(ServingError):
+    status = 413
+
+
+class Unprocessable(ServingError):
+    status = 422
+
+
+class BadGateway(ServingError):
+    """A dependency answered with an error that is neither the client's fault nor transient."""
+
+    status = 502
+
+
+class Unavailable(ServingError):
+    """A dependency (Triton, a model still loading) is not there now; retrying later will work."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})

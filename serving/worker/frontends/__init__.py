@@ -1,0 +1,1 @@
+"""Thin protocol adapters over :mod:`serving.worker.dataplane`."""

@@ -1,0 +1,36 @@
+"""ClearML-Serving-shaped REST: ``POST /serve/{endpoint}`` and ``/serve/{endpoint}/{version}``."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from serving.worker.dataplane import DataPlane
+from serving.worker.errors import NotFound
+from serving.worker.frontends.body import json_response, read_json
+
+VERSION_HEADER = "X-Model-Version"
+ROUTING_HEADER = "X-Routing-Key"
+
+
+def parse_version(text: str) -> int:
+    if not text.isdigit():
+        raise NotFound(f"model version must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def serve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
+    router = APIRouter()
+
+    async def serve(request: Request, endpoint: str, version: int | None) -> Response:
+        body = await read_json(request, max_body_bytes)
+        answer = await dataplane.infer(endpoint, body, version, request.headers.get(ROUTING_HEADER))
+        return json_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
+
+    @router.post("/serve/{endpoint}")
+    async def serve_latest(endpoint: str, request: Request) -> Response:
+        return await serve(request, endpoint, None)
+
+    @router.post("/serve/{endpoint}/{version}")
+    async def serve_version(endpoint: str, version: str, request: Request) -> Response:
+        return await serve(request, endpoint, parse_version(version))
+
+    return router

@@ -1,0 +1,63 @@
+"""The worker's view of a config snapshot: immutable, swapped whole on each revision.
+
+Requests read ``ConfigSync.current`` once and use that object to the end, so a
+revision applied mid-request never mixes two configs (the atomic apply the
+control plane's contract asks for).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from preprocess.base import Processor
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model version behind an endpoint."""
+
+    model: str
+    version: int
+    weight: float
+    triton_name: str
+    artifact: str
+    inputs: tuple[dict, ...]
+    outputs: tuple[dict, ...]
+
+    @classmethod
+    def from_snapshot(cls, t: dict[str, Any]) -> "Target":
+        sig = t.get("signature") or {}
+        return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
+                   triton_name=t["triton_name"], artifact=t.get("artifact", ""),
+                   inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()))
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.outputs]
+
+
+@dataclass(frozen=True)
+class EndpointRuntime:
+    name: str
+    engine: str
+    processor: Processor
+    targets: tuple[Target, ...]
+    preprocess_kind: str = "none"
+
+    @property
+    def weights(self) -> list[float]:
+        return [t.weight for t in self.targets]
+
+    def version(self, version: int) -> Target | None:
+        return next((t for t in self.targets if t.version == version), None)
+
+
+@dataclass(frozen=True)
+class Config:
+    revision: int = -1
+    endpoints: Mapping[str, EndpointRuntime] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)  # endpoint -> why it could not be loaded
+
+    @property
+    def loaded(self) -> bool:
+        return self.revision >= 0
