@@ -70,7 +70,11 @@ def _check_shape(name: str, shape: tuple[int, ...], expected: list[int]) -> None
 
 
 def to_model_inputs(data: Any, specs: Sequence[dict]) -> dict[str, np.ndarray]:
-    """Tensors for the model's inputs, in signature order, with the signature's dtypes."""
+    """Tensors for the model's inputs, in signature order, with the signature's dtypes.
+
+    Without a signature (a custom framework) the data passes through as given."""
+    if not specs:
+        return data if isinstance(data, dict) else {"input": np.asarray(data)}
     return {name: _cast(name, value, spec) for (name, value), spec in zip(_as_dict(data, specs).items(), specs)}
 
 

@@ -18,7 +18,7 @@ from preprocess.base import PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.engines.base import Engine
-from serving.worker.errors import BadRequest, NotFound, ServingError, Unavailable, Unprocessable
+from serving.worker.errors import BadRequest, ModelNotReady, NotFound, ServingError, Unavailable, Unprocessable
 from serving.worker.runtime import Config, EndpointRuntime, Target
 
 
@@ -112,7 +112,8 @@ class DataPlane:
             if ep.engine == "custom":
                 data = await ep.processor.process(data, state, stats.collect)
             else:
-                outputs = await self._run(ep, target, to_model_inputs(data, target.inputs))
+                target, outputs = await self._run(ep, target, data, pinned=version is not None)
+                stats.version = target.version
                 data = outputs if ep.processor.outputs_form == "dict" else clearml_outputs(outputs, list(outputs))
             stats.stage("inference")
             answer = await ep.processor.postprocess(data, state, stats.collect)
@@ -139,10 +140,10 @@ class DataPlane:
         status = 500
         try:
             try:
-                tensors = to_model_inputs(inputs, target.inputs) if target.inputs else inputs
-            except PreprocessError as exc:
+                target, outputs = await self._run(ep, target, inputs, pinned=version is not None)
+            except PreprocessError as exc:  # tensors that do not match the signature
                 raise BadRequest(str(exc)) from None
-            outputs = await self._run(ep, target, tensors)
+            stats.version = target.version
             stats.stage("inference")
             status = 200
             return target, outputs
@@ -152,8 +153,18 @@ class DataPlane:
         finally:
             self._record(stats, status)
 
-    async def _run(self, ep: EndpointRuntime, target: Target, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return await self.engines[ep.engine].infer(target, tensors)
+    async def _run(self, ep: EndpointRuntime, target: Target, data: Any,
+                   pinned: bool) -> tuple[Target, dict[str, np.ndarray]]:
+        """Run the routed version; while a freshly added canary is still loading, its share goes
+        to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails)."""
+        engine = self.engines[ep.engine]
+        try:
+            return target, await engine.infer(target, to_model_inputs(data, target.inputs))
+        except ModelNotReady:
+            fallback = next((t for t in ep.targets if t is not target and t.weight > 0), None)
+            if pinned or fallback is None:
+                raise
+            return fallback, await engine.infer(fallback, to_model_inputs(data, fallback.inputs))
 
     def _record(self, stats: _Stats, status: int) -> None:
         if self.recorder is None:

@@ -40,3 +40,7 @@ class Unavailable(ServingError):
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
+class ModelNotReady(Unavailable):
+    """The engine has not loaded this model version yet (a canary just added, Triton restarting)."""

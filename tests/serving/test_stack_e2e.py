@@ -115,6 +115,7 @@ def test_canary_share_and_sticky_routing(stack, tiny_model, second_model):
     out = stack.cli("model", "add", "--endpoint", "clf", "--model", "clf:2", "--tokenizer",
                     str(second_model.tokenizer_dir), "--canary", "10%").stdout
     assert "clf:1 90%" in out and "clf:2 10%" in out
+    endpoint_ready(stack, "clf")  # both versions loaded in Triton before counting shares
     wait_until(lambda: all(stack.revision(i) == stack.revision(0) for i in range(2)), 5, "workers in step")
     versions = []
     for i in range(2):  # both workers, 1,000 requests each

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from serving.worker.errors import BadRequest, Unavailable
+from serving.worker.errors import BadRequest, ModelNotReady
 from serving.worker.runtime import Target
 
 
@@ -49,7 +49,7 @@ class OnnxRuntimeEngine:
     async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         session = self._sessions.get(target.artifact)
         if session is None:
-            raise Unavailable(f"model {target.model}:{target.version} is still loading")
+            raise ModelNotReady(f"model {target.model}:{target.version} is still loading")
         names = target.output_names or [o.name for o in session.get_outputs()]
         loop = asyncio.get_running_loop()
         try:

@@ -16,7 +16,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from serving.worker.errors import BadGateway, BadRequest, Unavailable
+from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable
 from serving.worker.runtime import Target
 
 _MODEL_MISSING = ("unknown model", "is not ready", "not found", "no version is available")
@@ -26,7 +26,7 @@ _UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "failed to conn
 def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
     status, message = str(exc.status() or ""), str(exc.message() or exc)
     if any(s in message for s in _MODEL_MISSING):
-        return Unavailable(f"model {model} is not loaded in Triton yet")
+        return ModelNotReady(f"model {model} is not loaded in Triton yet")
     if any(s in status or s in message for s in _UNREACHABLE):
         return Unavailable(f"Triton at {url} is unreachable ({status or message})")
     if "INVALID_ARGUMENT" in status:
