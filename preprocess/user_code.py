@@ -10,6 +10,7 @@ exception it raises becomes a 422 naming the step, never a traceback to the clie
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import sys
@@ -26,9 +27,10 @@ class UserCodeError(RuntimeError):
 
 def load_module(path: Path) -> Any:
     name = f"serving_user_preprocess_{uuid.uuid4().hex[:12]}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    # Artifacts are stored under their hash, without a .py suffix: name the loader explicitly.
+    spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, str(path)))
     if spec is None or spec.loader is None:
-        raise UserCodeError(f"{path} is not a Python file")
+        raise UserCodeError(f"{path} cannot be loaded as Python source")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look modules up by name
     try:

@@ -1,0 +1,40 @@
+"""ClearML Serving preprocess.py files run unchanged, through a real worker (in-process)."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from tests.serving.worker.support import endpoint_spec
+from tests.serving.worker.test_serve_rest import direct
+
+FILES = Path(__file__).parents[2] / "preprocess" / "files"
+
+
+def user_spec(name, bundle, store, tmp_path, file, engine):
+    sha = store.put_file(FILES / file)[0]
+    return endpoint_spec(name, bundle, store, tmp_path, engine=engine,
+                         preprocess={"kind": "user", "artifact": sha, "options": {}})
+
+
+def test_clearml_preprocess_file_with_model_engine(make_client, store, tmp_path, tiny_model):
+    spec = user_spec("user", tiny_model, store, tmp_path, "clearml_text.py", "onnxruntime")
+    client, recorder = make_client(spec)
+    text = "the food was cold"
+    r = client.post("/serve/user", json={"text": text, "tokenizer_dir": str(tiny_model.tokenizer_dir)})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["data"], direct(tiny_model, [text]), atol=1e-4)
+    assert recorder.events[-1]["custom"] == {"words": 4}
+    r = client.post("/serve/user", json={"tokenizer_dir": str(tiny_model.tokenizer_dir)})
+    assert r.status_code == 422 and "preprocess() in preprocess.py raised KeyError" in r.json()["error"]
+
+
+def test_custom_engine_gets_model_file_and_runs_process(make_client, store, tmp_path, tiny_model):
+    client, recorder = make_client(user_spec("custom", tiny_model, store, tmp_path, "custom_engine.py", "custom"))
+    r = client.post("/serve/custom", json={"x": [1, 2, 3.5]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"sum": 6.5, "model": hashlib.sha256(tiny_model.onnx_path.read_bytes()).hexdigest()}
+    assert recorder.events[-1]["custom"] == {"n": 3}
+    r = client.post("/serve/custom", json={"y": 1})
+    assert r.status_code == 422 and "body needs x" in r.json()["error"]
