@@ -1,0 +1,106 @@
+{{/* Names */}}
+{{- define "serving.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "serving.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one component's objects: {{ include "serving.componentName" (list . "worker") }} */}}
+{{- define "serving.componentName" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "serving.fullname" $root | trunc 45 | trimSuffix "-") (index . 1) }}
+{{- end }}
+
+{{- define "serving.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Standard labels (app.kubernetes.io/*) */}}
+{{- define "serving.labels" -}}
+{{- $root := index . 0 -}}
+helm.sh/chart: {{ include "serving.chart" $root }}
+{{ include "serving.selectorLabels" . }}
+app.kubernetes.io/version: {{ $root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $root.Release.Service }}
+app.kubernetes.io/part-of: serving
+{{- end }}
+
+{{- define "serving.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "serving.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "serving.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "serving.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "serving.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Where the other components reach the control plane */}}
+{{- define "serving.controlPlaneUrl" -}}
+{{- printf "http://%s:%v" (include "serving.componentName" (list . "control-plane")) .Values.controlPlane.service.port }}
+{{- end }}
+
+{{/* Kafka bootstrap servers, or "" when statistics go over HTTP */}}
+{{- define "serving.kafkaBootstrapServers" -}}
+{{- if .Values.kafka.enabled }}
+{{- printf "%s:9092" (include "serving.componentName" (list . "kafka")) }}
+{{- else }}
+{{- .Values.externalKafka.bootstrapServers }}
+{{- end }}
+{{- end }}
+
+{{/* Secret and key holding SERVING_DATABASE_URL, or "" for SQLite on the control plane's volume */}}
+{{- define "serving.databaseSecretName" -}}
+{{- if .Values.postgresql.enabled }}
+{{- include "serving.componentName" (list . "database") }}
+{{- else if .Values.externalDatabase.existingSecret }}
+{{- .Values.externalDatabase.existingSecret }}
+{{- else if .Values.externalDatabase.url }}
+{{- include "serving.componentName" (list . "database") }}
+{{- end }}
+{{- end }}
+
+{{- define "serving.databaseSecretKey" -}}
+{{- if and (not .Values.postgresql.enabled) .Values.externalDatabase.existingSecret }}
+{{- .Values.externalDatabase.existingSecretKey }}
+{{- else }}
+{{- print "database-url" }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level settings shared by the serving image's pods */}}
+{{- define "serving.podCommon" -}}
+serviceAccountName: {{ include "serving.serviceAccountName" . }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end }}
+
+{{/* Volumes every serving container needs with a read-only root filesystem */}}
+{{- define "serving.tmpVolumeMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}
