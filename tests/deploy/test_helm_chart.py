@@ -1,0 +1,128 @@
+"""The Helm chart renders, lints and validates against the Kubernetes JSON schemas.
+
+Tools: helm-python-sdk (Helm v4's Go SDK as a library: render + lint, offline) and
+kubernetes-validate (the Kubernetes OpenAPI schemas, bundled; strict mode rejects
+unknown fields). Nothing here talks to a cluster: there is none where CI runs.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.deploy.artifacts import CHART, KUBE_VERSION, VALUES_FILES, find, manifests, rendered_files, values
+
+KINDS = list(VALUES_FILES)
+# CRDs with no schema in kubernetes-validate; checked structurally in test_service_monitor.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+WORKLOADS = ("Deployment", "StatefulSet")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_chart_lints_clean(kind):
+    import helm_python as helm
+
+    report = helm.lint(CHART, values(kind), strict=True, kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not report["errors"] and not problems, report
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_manifest_matches_the_kubernetes_schema(kind):
+    import kubernetes_validate
+
+    docs = manifests(kind)
+    assert len(docs) >= 12
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} ({kind} values): {exc.message} at {list(exc.path)}")
+
+
+def test_the_schema_check_can_fail():
+    import kubernetes_validate
+
+    (dep,) = [d for d in find(manifests("default"), "Deployment") if d["metadata"]["name"].endswith("-worker")]
+    dep["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}  # a typo
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_standard_labels_and_selectors_match(kind):
+    docs = manifests(kind)
+    for doc in docs:
+        labels = doc["metadata"].get("labels", {})
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                    "app.kubernetes.io/managed-by", "app.kubernetes.io/component", "helm.sh/chart"):
+            assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks {key}"
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in docs if d["kind"] in WORKLOADS]
+    for doc in docs:
+        if doc["kind"] in WORKLOADS:
+            selector = doc["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= doc["spec"]["template"]["metadata"]["labels"].items()
+        if doc["kind"] == "Service":
+            matches = [p for p in pod_labels if doc["spec"]["selector"].items() <= p.items()]
+            assert len(matches) == 1, f"Service {doc['metadata']['name']} selects {len(matches)} workloads"
+
+
+def test_no_gpu_by_default_one_gpu_for_triton_with_gpu_values():
+    def gpus(kind):
+        return {c["name"]: c["resources"].get("limits", {}).get("nvidia.com/gpu")
+                for d in find(manifests(kind), "Deployment") for c in d["spec"]["template"]["spec"]["containers"]}
+
+    assert not any(gpus("default").values())
+    assert gpus("gpu") == {"control-plane": None, "worker": None, "statistics": None, "triton": 1}
+
+
+def test_autoscaling_values_add_an_hpa_for_the_workers_only():
+    assert not find(manifests("default"), "HorizontalPodAutoscaler")
+    docs = manifests("autoscaling")
+    (hpa,) = find(docs, "HorizontalPodAutoscaler")
+    (target,) = find(docs, "Deployment", hpa["spec"]["scaleTargetRef"]["name"])
+    assert target["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    assert "replicas" not in target["spec"], "the HPA owns the replica count"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 20)
+    assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} == {"cpu", "memory"}
+    assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], \
+        "CPU utilization needs a CPU request"
+
+
+def test_external_database_values_drop_the_in_chart_postgresql_and_kafka():
+    default, external = manifests("default"), manifests("external-db")
+    assert {d["metadata"]["name"] for d in find(default, "StatefulSet")} == {"demo-serving-postgresql",
+                                                                             "demo-serving-kafka"}
+    assert not find(external, "StatefulSet")
+
+
+def test_service_monitor_scrapes_the_statistics_job_the_alerts_use():
+    assert "ServiceMonitor" not in {d["kind"] for d in manifests("default")}
+    docs = manifests("autoscaling")  # enables metrics.serviceMonitor
+    monitors = find(docs, "ServiceMonitor")
+    assert len(monitors) == 2
+    for sm in monitors:
+        assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        services = [s for s in find(docs, "Service")
+                    if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+        assert len(services) == 1
+        port_names = {p["name"] for p in services[0]["spec"]["ports"]}
+        assert all(ep["port"] in port_names for ep in sm["spec"]["endpoints"])
+    stats = [sm for sm in monitors if sm["metadata"]["name"].endswith("-statistics")][0]
+    assert stats["spec"]["endpoints"][0]["relabelings"] == [{"targetLabel": "job", "replacement": "serving-statistics"}]
+
+
+def test_serving_pods_run_as_non_root_with_a_read_only_root():
+    for doc in find(manifests("default"), "Deployment"):
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsUser"] != 0
+        for c in pod["containers"]:
+            if c["name"] != "triton":
+                assert pod["securityContext"]["runAsNonRoot"] is True
+                assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_notes_tell_the_user_how_to_reach_the_control_plane():
+    notes = rendered_files("default")["serving/templates/NOTES.txt"]
+    assert "port-forward svc/demo-serving-control-plane 8080:8080" in notes
+    assert "serving model upload" in notes and "/serve/sentiment" in notes
