@@ -4,7 +4,10 @@ It uses the ``tokenizers`` library directly on ``tokenizer.json`` (the same Rust
 tokenizer ``transformers`` wraps) because importing ``transformers`` costs seconds
 and memory in every worker process; a directory without ``tokenizer.json`` falls
 back to ``transformers.AutoTokenizer``. Padding is dynamic: to the longest text of
-the request, never to ``max_length``, which is what keeps short requests cheap.
+the request, never to ``max_length``, which is what keeps short requests cheap;
+optionally rounded up to a multiple of ``pad_to_multiple_of``, because Triton's
+dynamic batcher only batches requests whose tensors have the same shape: a few
+length buckets let concurrent requests of different lengths share one batch.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class _RustTokenizer:
-    def __init__(self, directory: Path, max_length: int) -> None:
+    def __init__(self, directory: Path, max_length: int, multiple: int | None) -> None:
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -58,7 +61,8 @@ class _RustTokenizer:
         pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
         pad_id = self.tok.token_to_id(pad)
         self.tok.enable_truncation(max_length)
-        self.tok.enable_padding(pad_id=pad_id if pad_id is not None else 0, pad_token=pad)
+        self.tok.enable_padding(pad_id=pad_id if pad_id is not None else 0, pad_token=pad,
+                                pad_to_multiple_of=multiple)
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         encs = self.tok.encode_batch(texts)
@@ -70,14 +74,15 @@ class _RustTokenizer:
 
 
 class _HfTokenizer:
-    def __init__(self, directory: Path, max_length: int) -> None:
+    def __init__(self, directory: Path, max_length: int, multiple: int | None) -> None:
         from transformers import AutoTokenizer
 
         self.tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        self.max_length = max_length
+        self.max_length, self.multiple = max_length, multiple
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
-        enc = self.tok(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="np")
+        enc = self.tok(texts, truncation=True, max_length=self.max_length, padding=True,
+                       pad_to_multiple_of=self.multiple, return_tensors="np")
         return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
 
 
@@ -100,15 +105,18 @@ class TokenizerProcessor:
     has_process = False
 
     def __init__(self, directory: Path, max_length: int = DEFAULT_MAX_LENGTH,
-                 labels: list[str] | None = None, output: str | None = None) -> None:
-        self.encode = (_RustTokenizer if (directory / "tokenizer.json").exists() else _HfTokenizer)(directory, max_length)
+                 labels: list[str] | None = None, output: str | None = None, pad_to_multiple_of: int = 0) -> None:
+        if pad_to_multiple_of and max_length % pad_to_multiple_of:
+            raise ValueError(f"max_length {max_length} is not a multiple of pad_to_multiple_of {pad_to_multiple_of}")
+        kind = _RustTokenizer if (directory / "tokenizer.json").exists() else _HfTokenizer
+        self.encode = kind(directory, max_length, pad_to_multiple_of or None)
         self.labels = labels or []
         self.output = output
 
     @classmethod
     def from_options(cls, directory: Path, options: dict[str, Any]) -> "TokenizerProcessor":
         return cls(directory, int(options.get("max_length") or DEFAULT_MAX_LENGTH), options.get("labels"),
-                   options.get("output"))
+                   options.get("output"), int(options.get("pad_to_multiple_of") or 0))
 
     async def preprocess(self, body: Any, state: dict, collect: Collect) -> dict[str, np.ndarray]:
         texts, single = read_texts(body)

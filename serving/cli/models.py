@@ -99,6 +99,8 @@ def add(
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
     labels: Optional[str] = typer.Option(None, help="comma-separated class labels for the tokenizer postprocess"),
     max_length: int = typer.Option(128, help="tokenizer truncation length"),
+    pad_to_multiple_of: int = typer.Option(
+        16, help="round padded lengths up to a multiple (0: longest text), so Triton can batch requests"),
     canary: Optional[str] = typer.Option(None, help="e.g. 10%: this version takes that share, the current one the rest"),
     max_batch_size: int = typer.Option(32),
     max_queue_delay_us: int = typer.Option(2000, help="Triton dynamic batcher queue delay"),
@@ -117,7 +119,10 @@ def add(
                      "preferred_batch_sizes": preferred_batch_size, "instances": instances},
     }
     if tokenizer:
-        options = {"max_length": max_length, **({"labels": labels.split(",")} if labels else {})}
+        if pad_to_multiple_of and max_length % pad_to_multiple_of:
+            raise typer.BadParameter(f"--max-length {max_length} must be a multiple of --pad-to-multiple-of")
+        options = {"max_length": max_length, "pad_to_multiple_of": pad_to_multiple_of,
+                   **({"labels": labels.split(",")} if labels else {})}
         body["preprocess"] = {"kind": "tokenizer", "artifact": cp.upload_dir(tokenizer), "options": options}
     elif preprocess:
         body["preprocess"] = {"kind": "user", "artifact": cp.upload_file(preprocess), "options": {}}

@@ -28,6 +28,15 @@ def test_same_tensors_as_transformers_with_dynamic_padding(tiny_model):
     assert short["input_ids"].shape[1] == 4  # [CLS] hello there [SEP]: padded to the longest, not to 64
 
 
+def test_padding_to_a_multiple_makes_shared_shapes(tiny_model):
+    processor = TokenizerProcessor(tiny_model.tokenizer_dir, max_length=64, pad_to_multiple_of=16)
+    assert encode(processor, ["hi"])["input_ids"].shape == (1, 16)
+    assert encode(processor, ["word " * 20])["input_ids"].shape == (1, 32)
+    assert encode(processor, ["word " * 300])["input_ids"].shape == (1, 64)  # never beyond max_length
+    with pytest.raises(ValueError, match="not a multiple"):
+        TokenizerProcessor(tiny_model.tokenizer_dir, max_length=100, pad_to_multiple_of=16)
+
+
 def test_postprocess_labels_scores_and_statistics(tiny_model):
     processor = TokenizerProcessor(tiny_model.tokenizer_dir, labels=["NEG", "POS"])
     seen: dict = {}
