@@ -30,7 +30,8 @@ class KafkaOptions:
     retries: int = 5
     linger_ms: int = 20
     compression_type: str | None = None  # e.g. "gzip": less network, more worker CPU
-    max_block_ms: int = 5_000      # how long send() may wait for buffer space or metadata
+    max_block_ms: int = 5_000      # how long send() may wait for buffer space, metadata or bootstrap
+    reconnect_backoff_max_ms: int = 5_000  # a broker back from an outage is found within this
     group_id: str | None = "serving-statistics"  # None: read all partitions, no group
     auto_offset_reset: str = "earliest"  # a new group starts from retained history
     partitions: int = 1            # used only when the service creates the topic
@@ -55,7 +56,8 @@ class KafkaSender:
             self._producer = KafkaProducer(
                 bootstrap_servers=_servers(self.bootstrap), acks=o.acks, retries=o.retries,
                 linger_ms=o.linger_ms, compression_type=o.compression_type,
-                max_block_ms=o.max_block_ms,
+                max_block_ms=o.max_block_ms, bootstrap_timeout_ms=o.max_block_ms,
+                reconnect_backoff_max_ms=o.reconnect_backoff_max_ms,
             )
         return self._producer
 
@@ -84,10 +86,10 @@ class KafkaSender:
             self._producer.close(timeout=timeout)
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
+def ensure_topic(bootstrap: str, topic: str, partitions: int = 1, timeout_ms: int = 10_000) -> None:
     """Create the topic if the broker lacks it; best effort (brokers may forbid it)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=_servers(bootstrap))
+        admin = KafkaAdminClient(bootstrap_servers=_servers(bootstrap), bootstrap_timeout_ms=timeout_ms)
     except KafkaError as exc:
         log.warning("kafka admin unavailable: %s", exc)
         return
@@ -110,6 +112,9 @@ class KafkaBatchConsumer:
         self.bootstrap, self.topic, self.handle, self.options = bootstrap, topic, handle, options
         self.ready = threading.Event()  # set once partitions are assigned
         self._stop = threading.Event()
+        # next offset per partition: without a group nothing is committed, so a
+        # reconnect resumes from here instead of re-reading (and double counting)
+        self._positions: dict[TopicPartition, int] = {}
         self._thread = threading.Thread(target=self._run, name="kafka-statistics", daemon=True)
 
     def start(self) -> "KafkaBatchConsumer":
@@ -128,6 +133,8 @@ class KafkaBatchConsumer:
                                  auto_offset_reset=o.auto_offset_reset, enable_auto_commit=False)
         partitions = self._wait_partitions(consumer)
         consumer.assign([TopicPartition(self.topic, p) for p in sorted(partitions)])
+        for tp, offset in self._positions.items():
+            consumer.seek(tp, offset)
         return consumer
 
     def _wait_partitions(self, consumer: KafkaConsumer) -> set[int]:
@@ -155,8 +162,9 @@ class KafkaBatchConsumer:
                 records = consumer.poll(timeout_ms=500)
                 if consumer.assignment():
                     self.ready.set()
-                for batch in records.values():
+                for tp, batch in records.items():
                     for record in batch:
                         self.handle(record.value)
+                        self._positions[tp] = record.offset + 1
         finally:
             consumer.close()
