@@ -1,6 +1,7 @@
 """`serving endpoint|canary|metrics ...`: endpoints, traffic splits and statistics variables."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -117,3 +118,68 @@ def metrics_remove(ctx: typer.Context, endpoint: str = typer.Option(..., "--endp
     for name in variable:
         ctx.obj.request("DELETE", f"/endpoints/{endpoint}/metrics/{name}")
     console.print(f"{endpoint}: removed {', '.join(variable)}")
+
+
+reference_app = typer.Typer(help="Drift reference distributions, kept by the statistics service.",
+                            no_args_is_help=True)
+metrics_app.add_typer(reference_app, name="reference")
+_STATS_URL = typer.Option(None, "--statistics-url", envvar="SERVING_STATISTICS_URL",
+                          help="statistics service (default from SERVING_STATISTICS_HOST/_PORT)")
+_VERSION = typer.Option("*", "--version", help="model version, or * for every version without its own")
+
+
+def _statistics_call(method: str, url: Optional[str], *args: object) -> dict:
+    from rich.markup import escape
+
+    from serving.statistics.client import StatisticsClient, StatisticsClientError
+
+    client = StatisticsClient(url)
+    try:
+        return getattr(client, method)(*args)
+    except StatisticsClientError as exc:
+        console.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(1)
+
+
+@reference_app.command("upload")
+def reference_upload(
+    endpoint: str = typer.Option(..., "--endpoint"),
+    variable: str = typer.Option(..., "--variable", help="a declared variable of the endpoint"),
+    version: str = _VERSION,
+    file: Optional[Path] = typer.Option(None, "--file", exists=True, dir_okay=False,
+                                        help="JSON list / {\"values\": [...]}, or one value per line"),
+    values: Optional[str] = typer.Option(None, "--values", help="comma-separated values instead of --file"),
+    statistics_url: Optional[str] = _STATS_URL,
+) -> None:
+    """Upload the distribution drift is measured against (instead of the first N values after a deploy)."""
+    from serving.statistics.client import read_values
+
+    if (file is None) == (values is None):
+        raise typer.BadParameter("give exactly one of --file or --values")
+    try:
+        data = read_values(file) if file is not None else [v.strip() for v in values.split(",") if v.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc))
+    res = _statistics_call("upload_reference", statistics_url, endpoint, version, variable, data)
+    console.print(f"{endpoint} v{version} {variable} ({res['kind']}): reference of {res['size']} values uploaded")
+
+
+@reference_app.command("show")
+def reference_show(endpoint: str = typer.Option(..., "--endpoint"), variable: str = typer.Option(..., "--variable"),
+                   version: str = _VERSION, statistics_url: Optional[str] = _STATS_URL,
+                   json_: bool = typer.Option(False, "--json")) -> None:
+    """Show the stored reference (uploaded, or learned from the first values after a deploy)."""
+    ref = _statistics_call("get_reference", statistics_url, endpoint, version, variable)
+    if json_:
+        show([ref], [], True)
+        return
+    origin = "uploaded" if ref["uploaded"] else "learned"
+    console.print(f"{endpoint} v{version} {variable} ({ref['kind']}): {len(ref['values'])} values, {origin}")
+
+
+@reference_app.command("reset")
+def reference_reset(endpoint: str = typer.Option(..., "--endpoint"), variable: str = typer.Option(..., "--variable"),
+                    version: str = _VERSION, statistics_url: Optional[str] = _STATS_URL) -> None:
+    """Forget the reference: the next values the version reports form a new one."""
+    _statistics_call("reset_reference", statistics_url, endpoint, version, variable)
+    console.print(f"{endpoint} v{version} {variable}: reference reset")
