@@ -7,12 +7,13 @@ unknown fields). Nothing here talks to a cluster: there is none where CI runs.
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.deploy.artifacts import CHART, KUBE_VERSION, VALUES_FILES, find, manifests, rendered_files, values
 
 KINDS = list(VALUES_FILES)
-# CRDs with no schema in kubernetes-validate; checked structurally in test_service_monitor.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# prometheus-operator CRDs have no schema in kubernetes-validate; the tests below check them.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 WORKLOADS = ("Deployment", "StatefulSet")
 
 
@@ -126,3 +127,17 @@ def test_notes_tell_the_user_how_to_reach_the_control_plane():
     notes = rendered_files("default")["serving/templates/NOTES.txt"]
     assert "port-forward svc/demo-serving-control-plane 8080:8080" in notes
     assert "serving model upload" in notes and "/serve/sentiment" in notes
+
+
+def test_prometheus_rule_and_dashboards_are_the_shipped_files():
+    import json
+
+    from tests.deploy.artifacts import REPO
+
+    assert not find(manifests("default"), "PrometheusRule")
+    docs = manifests("autoscaling")  # enables metrics.prometheusRule and metrics.grafanaDashboards
+    (rule,) = find(docs, "PrometheusRule")
+    assert rule["spec"] == yaml.safe_load((REPO / "deploy" / "prometheus" / "alerts.yml").read_text())
+    (dashboards,) = [cm for cm in find(docs, "ConfigMap") if cm["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    shipped = {p.name: json.loads(p.read_text()) for p in (REPO / "grafana" / "dashboards").glob("*.json")}
+    assert {k: json.loads(v) for k, v in dashboards["data"].items()} == shipped
