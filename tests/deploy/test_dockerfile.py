@@ -98,3 +98,21 @@ def test_healthcheck_probes_the_statistics_service_it_finds_running(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_image_s_services_run_without_nvidia_pytriton(tmp_path):
+    """The Dockerfile uninstalls nvidia-pytriton (a whole Triton server) from the image."""
+    assert "pip uninstall -y nvidia-pytriton" in DOCKERFILE
+    code = (
+        "import sys; sys.modules['pytriton'] = None\n"  # any `import pytriton...` now fails
+        "import serving.cli.main, registry.api, serving.worker.app, serving.statistics.service\n"
+        "import serving.worker.main, serving.triton.repository\n"
+        "from serving.settings import WorkerSettings\n"
+        "serving.worker.app.create_app(WorkerSettings(home=sys.argv[1]))\n"
+    )
+    with_block = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                                capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert with_block.returncode == 0, with_block.stderr[-2000:]
+    probe = subprocess.run([sys.executable, "-c", "import sys; sys.modules['pytriton'] = None\n"
+                            "import pytriton.triton"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert probe.returncode != 0, "the block must actually stop pytriton imports"
