@@ -141,3 +141,14 @@ def test_prometheus_rule_and_dashboards_are_the_shipped_files():
     (dashboards,) = [cm for cm in find(docs, "ConfigMap") if cm["metadata"]["labels"].get("grafana_dashboard") == "1"]
     shipped = {p.name: json.loads(p.read_text()) for p in (REPO / "grafana" / "dashboards").glob("*.json")}
     assert {k: json.loads(v) for k, v in dashboards["data"].items()} == shipped
+
+
+@pytest.mark.parametrize("bad", [{"worker": {"replicas": 3}}, {"kafka": {"enabled": "yes"}},
+                                 {"triton": {"gpu": {"count": 0}}}, {"postgresql": {"auth": {"pasword": "x"}}}])
+def test_values_schema_rejects_misspelt_or_mistyped_values(bad):
+    import helm_python as helm
+
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(values("default"))  # the defaults pass
+        with pytest.raises(helm.HelmValuesError):
+            chart.render(bad, name="demo")
