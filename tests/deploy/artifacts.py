@@ -65,13 +65,13 @@ def values(kind: str) -> dict[str, Any] | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _render(kind: str, overrides: str) -> tuple[tuple[str, str], ...]:
+def _render(kind: str, overrides: str, release: str) -> tuple[tuple[str, str], ...]:
     import helm_python as helm
 
     vals = values(kind) or {}
     vals = _merge(vals, yaml.safe_load(overrides) or {})
     with helm.Chart.load(CHART) as chart:
-        return tuple(sorted(chart.render(vals or None, name=RELEASE, namespace=NAMESPACE).items()))
+        return tuple(sorted(chart.render(vals or None, name=release, namespace=NAMESPACE).items()))
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -81,13 +81,13 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def rendered_files(kind: str, overrides: str = "") -> dict[str, str]:
-    return dict(_render(kind, overrides))
+def rendered_files(kind: str, overrides: str = "", release: str = RELEASE) -> dict[str, str]:
+    return dict(_render(kind, overrides, release))
 
 
-def manifests(kind: str, overrides: str = "") -> list[dict[str, Any]]:
+def manifests(kind: str, overrides: str = "", release: str = RELEASE) -> list[dict[str, Any]]:
     docs = []
-    for name, text in rendered_files(kind, overrides).items():
+    for name, text in rendered_files(kind, overrides, release).items():
         if name.endswith((".yaml", ".yml")):
             docs.extend(d for d in yaml.safe_load_all(text) if d)
     return docs

@@ -201,3 +201,28 @@ def test_chart_without_any_database_uses_sqlite_on_the_control_plane_volume():
     env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
     assert "SERVING_DATABASE_URL" not in env["control-plane"]
     assert not find(docs, "Secret")
+
+
+def service_link_env(service: dict) -> set[str]:
+    """The variables Kubernetes injects into every pod of the namespace for a Service
+    (docker-links style), unless the pod sets enableServiceLinks: false."""
+    name = service["metadata"]["name"].upper().replace("-", "_")
+    names = {f"{name}_SERVICE_HOST", f"{name}_SERVICE_PORT", f"{name}_PORT"}
+    for port in service["spec"]["ports"]:
+        names.add(f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}")
+        base = f"{name}_PORT_{port['port']}_{port.get('protocol', 'TCP')}"
+        names |= {base, f"{base}_PROTO", f"{base}_PORT", f"{base}_ADDR"}
+    return names
+
+
+def test_service_links_cannot_shadow_settings_with_the_release_named_serving():
+    # `helm install serving ...` (as the docs do) names the Services serving-<component>:
+    # Kubernetes would then inject SERVING_STATISTICS_PORT=tcp://10.x.y.z:9999 into every pod,
+    # which a worker with Kafka (it does not set that variable) would fail to parse as a port.
+    docs = manifests("default", release="serving")
+    injected = set().union(*(service_link_env(s) for s in find(docs, "Service")))
+    clashes = {name: env_names(cls) & injected for name, cls in settings_classes().items()}
+    assert clashes["worker"] >= {"SERVING_STATISTICS_PORT"}, "the hazard this test guards against"
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            assert doc["spec"]["template"]["spec"]["enableServiceLinks"] is False, doc["metadata"]["name"]

@@ -91,6 +91,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/* Pod-level settings shared by the serving image's pods */}}
 {{- define "serving.podCommon" -}}
 serviceAccountName: {{ include "serving.serviceAccountName" . }}
+{{- /* Service links would inject e.g. SERVING_STATISTICS_PORT=tcp://10.0.0.7:9999 for a
+       Service named serving-statistics: the same names as our settings, other meanings. */}}
+enableServiceLinks: false
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
