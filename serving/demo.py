@@ -114,7 +114,8 @@ def deploy_and_query(env: dict[str, str], worker: str, v1, v2) -> None:
     cli(env, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:1",
         "--tokenizer", str(v1.tokenizer_dir), "--labels", labels, "--max-queue-delay-us", "2000")
     wait_ready(f"{worker}/v2/models/sentiment/ready")
-    table = Table(title="POST /serve/sentiment")
+    table = Table(title="POST /serve/sentiment",
+                  caption="MiniLM-L6 encoder with an untrained classification head: labels are not meaningful")
     for col in ("text", "label", "score", "version", "ms"):
         table.add_column(col)
     for text in TEXTS:
