@@ -2,8 +2,8 @@
 
 NVIDIA's container cannot run here (no container engine), but the nvidia-pytriton wheel
 (a project dependency) ships a real ``tritonserver`` binary. It has only the python
-backend, so this checks the flags (explicit model control, ``--load-model=*`` on an empty
-repository at first start, the ports), not ONNX serving.
+backend, so this checks the flags (explicit model control, ``--load-model=*``, staying up
+and ready when a model in the repository cannot be loaded, the ports), not ONNX serving.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _pytriton_server() -> Path:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("source", ["compose", "chart"])
-def test_the_flags_start_tritonserver_on_an_empty_repository_in_explicit_mode(source, tmp_path):
+def test_the_flags_start_tritonserver_in_explicit_mode_despite_a_broken_model(source, tmp_path):
     import sysconfig
 
     root = _pytriton_server()
@@ -60,7 +60,10 @@ def test_the_flags_start_tritonserver_on_an_empty_repository_in_explicit_mode(so
             value = str(ports.pop(flag))
         args.append(f"{flag}={value}")
     assert not ports, f"flags not set: {ports}"
-    (tmp_path / "models").mkdir()
+    # a model Triton cannot load (this build has no onnxruntime backend) must not keep it down
+    (tmp_path / "models" / "broken_v1" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "broken_v1" / "config.pbtxt").write_text(
+        'name: "broken_v1"\nbackend: "onnxruntime"\nmax_batch_size: 0\n')
     env = {**os.environ, "LD_LIBRARY_PATH": f"{root / 'lib'}:{sysconfig.get_config_var('LIBDIR')}"}
     http = next(a for a in args if a.startswith("--http-port=")).split("=")[1]
     with open(tmp_path / "triton.log", "wb") as log:
@@ -70,7 +73,8 @@ def test_the_flags_start_tritonserver_on_an_empty_repository_in_explicit_mode(so
     try:
         base = f"http://127.0.0.1:{http}"
         wait_http(f"{base}/v2/health/ready", timeout=90, proc=proc)
-        assert httpx.post(f"{base}/v2/repository/index").json() == []
+        (broken,) = httpx.post(f"{base}/v2/repository/index").json()
+        assert (broken["name"], broken["state"]) == ("broken_v1", "UNAVAILABLE")
         # explicit mode: Triton tries the load (and fails: no such model) instead of
         # refusing load requests altogether, as it does without explicit control
         refused = httpx.post(f"{base}/v2/repository/models/absent_v1/load")
