@@ -64,6 +64,9 @@ def up(
     port: int = typer.Option(None, help="worker port (default SERVING_WORKER_PORT or 9090)"),
     home: Optional[str] = typer.Option(None, help="state directory (default SERVING_HOME or ~/.serving)"),
     with_triton: bool = typer.Option(True, "--triton/--no-triton", help="start the embedded Triton"),
+    prometheus: bool = typer.Option(False, "--prometheus/--no-prometheus",
+                                    help="also start Prometheus (if installed) scraping statistics and Triton"),
+    prometheus_port: int = typer.Option(9091, help="Prometheus web port (9090 is the workers' default)"),
 ) -> None:
     """Start control plane, statistics, embedded Triton and N workers; Ctrl-C stops them all."""
     home = home or os.environ.get("SERVING_HOME") or str(default_home())
@@ -77,6 +80,8 @@ def up(
         if with_triton:
             sup.start(Child("triton", ["triton"], f"http://127.0.0.1:{tr.triton_http_port}/v2/health/live"), 120)
         sup.start(Child("worker", ["worker", "--workers", str(workers)], f"http://127.0.0.1:{port}/v2/health/live"))
+        if prometheus:
+            _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port)
         console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
                       f"workers http://127.0.0.1:{port}, logs in {sup.log_dir}")
         code = sup.wait()
@@ -86,6 +91,25 @@ def up(
     finally:
         sup.stop_all()
     raise typer.Exit(code)
+
+
+def _start_prometheus(sup: Supervisor, home: str, st: StatisticsSettings, tr: TritonSettings | None,
+                      port: int) -> None:
+    """Prometheus is optional: when it is missing or fails, say so and keep the stack up."""
+    from pathlib import Path
+
+    from serving.statistics.prometheus_config import start_prometheus
+
+    workdir = Path(home) / "prometheus"
+    workdir.mkdir(parents=True, exist_ok=True)
+    triton = [f"127.0.0.1:{tr.triton_metrics_port}"] if tr else []
+    try:
+        proc = start_prometheus(workdir, [f"127.0.0.1:{st.statistics_port}"], f"127.0.0.1:{port}", triton)
+    except (FileNotFoundError, RuntimeError) as exc:
+        console.print(f"[yellow]not starting Prometheus: {exc}[/yellow]")
+        return
+    sup.children.append(Child("prometheus", [], None, proc))
+    console.print(f"[green]started[/green] prometheus http://127.0.0.1:{port} (pid {proc.pid})")
 
 
 def default_log_dir(home: str):

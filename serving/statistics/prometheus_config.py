@@ -6,9 +6,13 @@ is tested. Alert rules live in ``deploy/prometheus/alerts.yml``.
 """
 from __future__ import annotations
 
+import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import httpx
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,3 +45,34 @@ def prometheus_command(config: Path, data_dir: Path, listen: str, binary: str = 
     """Command line for a foreground Prometheus with its own data dir (never a system service)."""
     return [binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
             f"--web.listen-address={listen}", "--web.enable-lifecycle", "--log.level=warn"]
+
+
+def start_prometheus(workdir: Path, statistics_targets: Sequence[str], listen: str,
+                     triton_targets: Sequence[str] = (), scrape_interval: str = "15s",
+                     timeout: float = 60.0) -> subprocess.Popen:
+    """Write the config under ``workdir`` and start Prometheus in its own session (so a
+    supervisor can stop it with its process group); returns once it answers ``/-/ready``.
+
+    Raises ``FileNotFoundError`` when no ``prometheus`` binary is on PATH and
+    ``RuntimeError`` when it exits or does not become ready (it is stopped then).
+    """
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise FileNotFoundError("prometheus is not installed (e.g. apt-get install prometheus)")
+    config = write_prometheus_config(workdir / "prometheus.yml", statistics_targets,
+                                     triton_targets=triton_targets, scrape_interval=scrape_interval)
+    with open(workdir / "prometheus.log", "ab") as log:
+        proc = subprocess.Popen(prometheus_command(config, workdir / "data", listen, binary), cwd=workdir,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://{listen}/-/ready"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.terminate()
+    proc.wait(10)
+    raise RuntimeError(f"prometheus did not become ready on {listen}; see {workdir / 'prometheus.log'}")

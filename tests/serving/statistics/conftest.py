@@ -10,7 +10,6 @@ from typing import Iterator
 
 import pytest
 
-from serving.statistics.prometheus_config import ALERT_RULES
 from tests.serving.statistics.fake_control_plane import FakeControlPlane
 from tests.serving.statistics.support import Prometheus, Service, prometheus, statistics_service, wait_until
 from tests.serving.statistics.worker_sim import SCALAR_BUCKETS
@@ -47,6 +46,6 @@ def stats_service(tmp_path_factory: pytest.TempPathFactory, control_plane: FakeC
 @pytest.fixture(scope="session")
 def prom(tmp_path_factory: pytest.TempPathFactory, stats_service: Service) -> Iterator[Prometheus]:
     workdir: Path = tmp_path_factory.mktemp("prometheus")
-    with prometheus(workdir, [f"127.0.0.1:{stats_service.port}"], [ALERT_RULES]) as p:
+    with prometheus(workdir, [f"127.0.0.1:{stats_service.port}"]) as p:
         p.wait_value('up{job="serving-statistics"}', 1.0, timeout=30)
         yield p

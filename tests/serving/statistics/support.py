@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from serving.statistics.prometheus_config import prometheus_command, write_prometheus_config
+from serving.statistics.prometheus_config import start_prometheus
 from tests.support.procs import REPO, free_port, stop, wait_http
 
 DRIFT_ARGS = ["--reference-size", "200", "--window-size", "200", "--min-window", "50"]
@@ -102,22 +102,17 @@ class Prometheus:
 
 
 @contextmanager
-def prometheus(workdir: Path, targets: list[str], rule_files: list[Path]) -> Iterator[Prometheus]:
-    """Debian's ``prometheus`` as a plain process with its own TSDB dir, 1 s scrapes."""
-    binary = shutil.which("prometheus")
-    if binary is None:
+def prometheus(workdir: Path, targets: list[str]) -> Iterator[Prometheus]:
+    """Debian's ``prometheus`` started exactly as ``serving up --prometheus`` does it
+    (shipped config and alert rules), but with 1 s scrapes and rule evaluations."""
+    if shutil.which("prometheus") is None:
         raise RuntimeError("prometheus is not installed (apt-get install prometheus)")
     port = free_port()
-    config = write_prometheus_config(workdir / "prometheus.yml", targets, rule_files=rule_files,
-                                     scrape_interval="1s")
-    cmd = prometheus_command(config, workdir / "tsdb", f"127.0.0.1:{port}", binary)
-    with open(workdir / "prometheus.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
-        try:
-            wait_http(f"http://127.0.0.1:{port}/-/ready", timeout=60, proc=proc)
-            yield Prometheus(f"http://127.0.0.1:{port}")
-        finally:
-            stop(proc)
+    proc = start_prometheus(workdir, targets, f"127.0.0.1:{port}", scrape_interval="1s")
+    try:
+        yield Prometheus(f"http://127.0.0.1:{port}")
+    finally:
+        stop(proc)
 
 
 def run_workers(env: dict[str, str], jobs: list[tuple[str, int, int, str, int]], timeout: float = 120) -> list[dict]:
