@@ -17,6 +17,8 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +31,7 @@ from serving.triton.naming import TRITON_VERSION, triton_model_name
 log = logging.getLogger(__name__)
 
 MARKER = ".serving-managed"  # only directories carrying it are ever removed
+RETRY_PERIOD_S = 5.0  # how often loads that failed (Triton unreachable) are tried again
 DEFAULT_BATCHING: dict[str, Any] = {"max_batch_size": 32, "max_queue_delay_us": 2000,
                                     "preferred_batch_sizes": [], "instances": 1}
 
@@ -130,6 +133,7 @@ def _write_text(path: Path, text: str) -> bool:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; Triton may run as another user
     os.replace(tmp, path)
     return True
 
@@ -171,12 +175,17 @@ class RepositorySync:
     """Makes ``repo_dir`` (and, with ``control_url``, the Triton serving it) match each snapshot."""
 
     def __init__(self, repo_dir: Path, artifact_path: Callable[[str], Path], control_url: str | None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, retry_period_s: float = RETRY_PERIOD_S) -> None:
         self.repo_dir = Path(repo_dir)
+        self.retry_period_s = retry_period_s
         self.artifact_path = artifact_path
         self.control_url = control_url
         self.headers = headers
         self._synced_once = False
+        self._pending: set[str] = set()  # loads that failed (Triton down): retried until they succeed
+        self._lock = threading.Lock()
+        self._retry = threading.Thread(target=self._retry_loop, name="triton-load-retry", daemon=True)
+        self._retry.start()
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         """Write new/changed models, then load them, then unload and delete removed ones."""
@@ -192,10 +201,19 @@ class RepositorySync:
                 log.error("cannot write Triton model %s: %s", name, exc)
         # On the first snapshot Triton's state is unknown: (re)load everything we want.
         to_load = sorted(wanted) if not self._synced_once else changed
-        self._control(to_load, sorted(stale))
+        with self._lock:
+            self._pending &= set(wanted)
+            self._control(sorted(set(to_load) | self._pending), sorted(stale))
         for name in stale:
             shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         self._synced_once = True
+
+    def _retry_loop(self) -> None:
+        while True:
+            time.sleep(self.retry_period_s)
+            with self._lock:
+                if self._pending:
+                    self._control(sorted(self._pending), [])
 
     def _control(self, load: list[str], unload: list[str]) -> None:
         if not self.control_url or not (load or unload):
@@ -209,8 +227,11 @@ class RepositorySync:
                 try:
                     action(name, headers=self.headers)
                     log.info("triton %s %s", action.__name__, name)
-                except Exception as exc:  # Triton down or model broken: log, keep the others going
+                    self._pending.discard(name)
+                except Exception as exc:  # Triton down or model broken: log, retry loads later
                     log.error("triton %s %s failed: %s", action.__name__, name, exc)
+                    if action == client.load_model:
+                        self._pending.add(name)
         finally:
             client.close()
 

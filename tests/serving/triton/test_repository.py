@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.testmodels import make_signature
@@ -12,7 +13,7 @@ from serving.triton import triton_model_name
 from serving.triton.repository import (
     MARKER, ConfigError, RepositorySync, TritonTarget, config_pbtxt, triton_targets, validate_config_pbtxt,
 )
-from tests.serving.triton.fake_control_plane import serve_app, target, triton_endpoint
+from tests.serving.triton.fake_control_plane import serve_app, target, triton_endpoint, wait_until
 
 BATCHING = {"max_batch_size": 16, "max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8, 64], "instances": 2}
 
@@ -122,3 +123,29 @@ def test_sync_drives_triton_explicit_model_control(tmp_path, artifacts):
         calls.clear()
         sync.apply(snapshot(triton_endpoint("clf", [v2])))
         assert calls == [("unload", "clf_v1", "t")]
+
+
+def test_load_that_failed_while_triton_was_down_is_retried(tmp_path, artifacts):
+    """The stand-in answers 503 to the first load, as Triton does while starting; the writer retries."""
+    calls: list[str] = []
+    app = FastAPI()
+
+    @app.get("/v2/health/ready")
+    def ready():
+        return {}
+
+    @app.post("/v2/repository/models/{name}/load")
+    def load(name: str):
+        calls.append(name)
+        if len(calls) == 1:
+            raise HTTPException(503, "starting")
+        return {}
+
+    sig = make_signature(2)
+    with serve_app(app, "/v2/health/ready") as url:
+        sync = RepositorySync(tmp_path / "repo", lambda sha: artifacts / sha, url, retry_period_s=0.2)
+        sync.apply(snapshot(triton_endpoint("clf", [target("clf", 1, "a" * 64, sig)])))
+        wait_until(lambda: len(calls) >= 2, 5, "the failed load to be retried")
+        time.sleep(0.6)
+        assert calls == ["clf_v1", "clf_v1"]  # retried once it failed, then never again
+    assert (tmp_path / "repo" / "clf_v1" / "config.pbtxt").stat().st_mode & 0o777 == 0o644
