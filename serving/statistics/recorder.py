@@ -210,7 +210,7 @@ def recorder_from_settings(settings: WorkerSettings, *, follow_config: bool = Tr
     else:
         from serving.statistics.transports.embedded import HttpSender
 
-        sender = HttpSender(statistics_url(StatisticsSettings()))
+        sender = HttpSender(statistics_url(settings))
     recorder = StatisticsRecorder(sender, config=config, source=source)
     if follow_config:
         from serving.config_client import ConfigSubscriber
@@ -221,8 +221,11 @@ def recorder_from_settings(settings: WorkerSettings, *, follow_config: bool = Tr
     return recorder
 
 
-def statistics_url(settings: StatisticsSettings) -> str:
-    """Where workers reach the statistics service (a wildcard bind means this host)."""
+def statistics_url(settings: WorkerSettings | StatisticsSettings) -> str:
+    """Where workers reach the statistics service (a wildcard bind means this host).
+
+    Taken from the settings object given, not from the environment again, so a
+    worker configured in code (tests, embedding) posts where it was told to."""
     host = settings.statistics_host
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
