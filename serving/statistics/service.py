@@ -97,9 +97,10 @@ def run_statistics_service(settings: StatisticsSettings, drift: DriftConfig = Dr
                                   cache_path=state_dir / "config.json").start()
     consumer = None
     if settings.kafka_bootstrap_servers:
-        ensure_topic(settings.kafka_bootstrap_servers, settings.kafka_topic)
+        kafka = kafka or KafkaOptions()
+        ensure_topic(settings.kafka_bootstrap_servers, settings.kafka_topic, kafka.partitions)
         consumer = KafkaBatchConsumer(settings.kafka_bootstrap_servers, settings.kafka_topic,
-                                      pipeline.handle_message, kafka or KafkaOptions()).start()
+                                      pipeline.handle_message, kafka).start()
     app = create_app(pipeline, registry, consumer)
     try:
         uvicorn.run(app, host=settings.statistics_host, port=settings.statistics_port, log_level="warning")
