@@ -28,6 +28,11 @@ class EndpointDefs:
     name: str
     log_freq: float = 1.0
     variables: dict[str, VariableDef] = field(default_factory=dict)
+    versions: frozenset[str] = frozenset()  # version labels of its targets; empty: unknown
+
+    def keeps(self, version: str, variable: str) -> bool:
+        """Whether series of this version and variable are still part of the config."""
+        return variable in self.variables and (not self.versions or version in self.versions)
 
 
 def parse_variable(raw: dict[str, Any]) -> VariableDef:
@@ -60,7 +65,9 @@ def parse_endpoint(name: str, raw: dict[str, Any]) -> EndpointDefs:
             continue
         variables[var.name] = var
     freq = raw.get("log_freq")
-    return EndpointDefs(name=name, log_freq=1.0 if freq is None else _log_freq(freq), variables=variables)
+    versions = frozenset(str(t["version"]) for t in raw.get("targets") or () if isinstance(t, dict) and "version" in t)
+    return EndpointDefs(name=name, log_freq=1.0 if freq is None else _log_freq(freq), variables=variables,
+                        versions=versions)
 
 
 def parse_snapshot(snapshot: dict[str, Any]) -> dict[str, EndpointDefs]:

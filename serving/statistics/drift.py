@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy import stats
@@ -134,6 +134,11 @@ class DriftMonitor:
         """Forget reference and window: the next values form a new reference."""
         with self._lock:
             self._series.pop(key, None)
+
+    def retain(self, keep: Callable[[SeriesKey], bool]) -> None:
+        """Drop series the config no longer has, so their drift flags cannot keep an alert firing."""
+        with self._lock:
+            self._series = {k: s for k, s in self._series.items() if keep(k)}
 
     def scores(self) -> dict[SeriesKey, DriftScore]:
         """Current scores; recomputed only for series that received values since."""

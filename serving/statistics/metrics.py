@@ -13,7 +13,7 @@ import math
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -87,6 +87,11 @@ class VariableMetrics:
             if series is None or series.definition != definition:  # new or redefined: start afresh
                 series = self._series[key] = self._new(definition)
             self._observe(series, raw)
+
+    def retain(self, keep: Callable[[VarKey], bool]) -> None:
+        """Stop exporting series the config no longer has (removed variable, version or endpoint)."""
+        with self._lock:
+            self._series = {k: s for k, s in self._series.items() if keep(k)}
 
     @staticmethod
     def _new(definition: VariableDef) -> _Series:

@@ -48,7 +48,15 @@ class StatisticsPipeline:
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         self.defs = parse_snapshot(snapshot)
         self.revision = int(snapshot.get("revision", 0))
+        self.variables.retain(self._configured)
+        self.drift.retain(self._configured)
+        with self._lock:
+            self._seen = {k for k in self._seen if self._configured(k)}
         log.info("statistics: config revision %s, %d endpoints", self.revision, len(self.defs))
+
+    def _configured(self, key: SeriesKey) -> bool:
+        defs = self.defs.get(key[0])
+        return defs is not None and defs.keeps(key[1], key[2])
 
     # --- ingestion ----------------------------------------------------------------
     def handle_payload(self, data: bytes) -> int:

@@ -64,3 +64,29 @@ def test_numpy_values_from_preprocessors_are_encoded() -> None:
     p.handle_payload(encode_batch([event(x=np.float32(0.5), l=np.str_("a"))]))
     assert samples(registry, "serving_variable_value") == {(("variable", "x"), ("version", "1")): 0.5}
     assert samples(registry, "serving_variable_enum_total")[(("value", "a"), ("variable", "l"), ("version", "1"))] == 1
+
+
+def test_removed_variables_versions_and_endpoints_stop_being_exported() -> None:
+    from serving.statistics.drift import DriftConfig
+
+    registry = CollectorRegistry()
+    p = StatisticsPipeline(registry, DriftConfig(reference_size=2, window_size=5, min_window=2))
+    metrics = [{"name": "x", "kind": "value"}, {"name": "y", "kind": "value"}]
+    targets = [{"version": 1}, {"version": 2}]
+    p.apply_snapshot({"revision": 1, "endpoints": {"e": {"metrics": metrics, "targets": targets},
+                                                   "f": {"metrics": metrics, "targets": targets}}})
+    events = [{**event(x=i, y=i), "endpoint": ep, "version": v} for ep in "ef" for v in (1, 2) for i in range(4)]
+    p.handle_payload(encode_batch(events))
+    def series(name: str) -> set[tuple[str, str, str]]:
+        return {(s.labels["endpoint"], s.labels["version"], s.labels["variable"])
+                for f in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in f.samples if s.name == name}
+
+    assert len(series("serving_drift_detected")) == 8  # 2 endpoints x 2 versions x 2 variables
+    assert len(series("serving_variable_value")) == 8
+
+    # y removed from e, version 2 of e retired, endpoint f deleted
+    p.apply_snapshot({"revision": 2, "endpoints": {"e": {"metrics": metrics[:1], "targets": targets[:1]}}})
+    assert series("serving_variable_value") == {("e", "1", "x")}
+    assert series("serving_drift_detected") == {("e", "1", "x")}
+    assert len(samples(registry, "serving_requests_total")) == 2  # counters of past requests stay
