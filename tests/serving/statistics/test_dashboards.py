@@ -6,16 +6,20 @@ with the shipped alert rules loaded, and ``promtool`` for the rule file itself.
 """
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.statistics.prometheus_config import ALERT_RULES, REPO
 from tests.serving.statistics.promql import dashboard_expressions, grafana_query, metric_names, rule_expressions
-from tests.serving.statistics.support import Prometheus, Service, run_workers
+from tests.serving.statistics.support import Prometheus, Service, run_workers, wait_until
 
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 # Prometheus' own series for each target, not exported by any application
@@ -66,8 +70,6 @@ def test_alert_rules_pass_promtool_and_evaluate_in_prometheus(prom: Prometheus, 
         rules = [r for g in groups for r in g["rules"]]
         return rules if rules and all(r.get("lastEvaluation", "").startswith("20") for r in rules) else []
 
-    from tests.serving.statistics.support import wait_until
-
     rules = wait_until(evaluated, what="every rule evaluated")
     assert {r["name"] for r in rules} == {where.split(": ")[1] for where, _ in rule_expressions(ALERT_RULES)}
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
@@ -85,3 +87,23 @@ def test_metric_name_lexer() -> None:
     assert metric_names("max(serving_drift_psi_threshold)") == {"serving_drift_psi_threshold"}
     assert grafana_query('rate(x{e=~"$endpoint", v="${scalar}"}[$__rate_interval])', {"scalar": "t"}) == \
         'rate(x{e=~".*", v="t"}[1m])'
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_is_self_consistent(path: Path) -> None:
+    """What Grafana would reject or render empty: duplicate ids, unknown variables, foreign data sources."""
+    doc = json.loads(path.read_text())
+    panels = doc["panels"]
+    assert doc["uid"] and doc["title"].startswith("Serving / ")
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), ids
+    defined = {v["name"] for v in doc["templating"]["list"]}
+    for panel in panels:
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"]), panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        text = json.dumps(panel)
+        used = {a or b for a, b in re.findall(r"\$\{(\w+)[^}]*\}|\$(\w+)", text) if not (a or b).startswith("__")}
+        assert used <= defined, f"{panel['title']}: undefined variables {used - defined}"
+    provisioning = yaml.safe_load((REPO / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert {d["uid"] for d in provisioning["datasources"]} >= {v["current"]["value"] for v in doc["templating"]["list"]
+                                                             if v["type"] == "datasource"}
