@@ -1,9 +1,12 @@
 """A worker-like process that records statistics events through the real recorder.
 
-The FastAPI worker is being built separately; these tests exercise everything
-after it: each process builds ``recorder_from_settings(WorkerSettings())`` exactly
-as the worker does, calls ``record(event)`` once per simulated request, then
-closes the recorder (flushing it) and prints its counters as JSON.
+Why not the real worker everywhere: exact expectations (bucket counts, label
+counts, the last value, drift) need events known in advance, and thousands of them
+cost seconds here instead of minutes of model inference on two shared cores.
+``test_worker_e2e.py`` covers the real worker. Each process builds
+``recorder_from_settings(WorkerSettings())`` exactly as the worker does, calls
+``record(event)`` once per simulated request, then closes the recorder (flushing
+it) and prints its counters as JSON.
 
 Run: ``python -m tests.serving.statistics.worker_sim ENDPOINT VERSION COUNT DIST SEED``.
 Events are deterministic in their arguments, so a test can compute expectations
