@@ -166,6 +166,12 @@ class DataPlane:
                 raise
             return fallback, await engine.infer(fallback, to_model_inputs(data, fallback.inputs))
 
+    def reject(self, name: str, status: int) -> None:
+        """Count a request a front end refused before inference (bad JSON, body too large), so error
+        rates include it; requests for unknown endpoints are not counted (no label to give them)."""
+        if name in self.config.current.endpoints:
+            self._record(_Stats(name), status)
+
     def _record(self, stats: _Stats, status: int) -> None:
         if self.recorder is None:
             return

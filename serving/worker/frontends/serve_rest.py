@@ -4,7 +4,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import NotFound
+from serving.worker.errors import NotFound, ServingError
 from serving.worker.frontends.body import json_response, read_json
 
 VERSION_HEADER = "X-Model-Version"
@@ -21,7 +21,11 @@ def serve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
     router = APIRouter()
 
     async def serve(request: Request, endpoint: str, version: int | None) -> Response:
-        body = await read_json(request, max_body_bytes)
+        try:
+            body = await read_json(request, max_body_bytes)
+        except ServingError as exc:
+            dataplane.reject(endpoint, exc.status)
+            raise
         answer = await dataplane.infer(endpoint, body, version, request.headers.get(ROUTING_HEADER))
         return json_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 
 from serving import __version__
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import Unavailable
+from serving.worker.errors import ServingError, Unavailable
 from serving.worker.frontends.body import json_response, read_body
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
@@ -50,8 +50,11 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
         return {"name": name, "ready": True}
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
-        raw = await read_body(request, max_body_bytes)
-        req = decode_request(raw, request.headers.get(HEADER_LENGTH))
+        try:
+            req = decode_request(await read_body(request, max_body_bytes), request.headers.get(HEADER_LENGTH))
+        except ServingError as exc:
+            dataplane.reject(name, exc.status)
+            raise
         target, outputs = await dataplane.infer_tensors(
             name, req.inputs, parse_version(version) if version else None, request.headers.get(ROUTING_HEADER))
         body, headers = encode_response(name, target.version, req, outputs)

@@ -48,6 +48,7 @@ def test_bad_bodies_get_a_4xx_naming_the_problem(make_client, clf_spec, body, st
     client, recorder = make_client(clf_spec)
     r = client.post("/serve/clf", content=body)
     assert r.status_code == status and words in r.json()["error"], r.text
+    assert [(e["endpoint"], e["status"]) for e in recorder.events] == [("clf", status)]  # counted as an error
 
 
 def test_unknown_endpoint_version_and_oversized_body(make_client, clf_spec):
