@@ -1,0 +1,43 @@
+"""How long and how hard each run is: quick (< 5 min; with ``--requests`` CI's smoke test), full (the record)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Load shape of one run; every system gets exactly the same one."""
+
+    name: str
+    concurrency: tuple[int, ...]
+    warmup_s: float            # discarded, per level: JIT, connection pools, batcher queues
+    duration_s: float          # measured, per level (ignored when ``requests`` is set)
+    requests: int | None       # fixed request count per level instead of a duration
+    warmup_requests: int       # used with ``requests``
+    ceiling_batch_sizes: tuple[int, ...]
+    ceiling_seconds: float     # per batch size
+    corpus_size: int
+    workloads: tuple[str, ...]
+    skip: tuple[str, ...] = ()  # variants left out unless asked for by name (keeps quick under 5 min)
+
+
+# quick: one level, under 5 minutes on a 2-core box; full: the recorded run.
+# ``--requests N`` swaps the durations for N requests per level (the smoke test).
+MODES: dict[str, Mode] = {
+    "quick": Mode("quick", concurrency=(16,), warmup_s=1.5, duration_s=4.0, requests=None, warmup_requests=0,
+                  ceiling_batch_sizes=(1, 8, 32), ceiling_seconds=1.5, corpus_size=256, workloads=("W1", "W2"),
+                  skip=("platform-triton-nobatch-2w", "platform-triton-batch-2w-nostats")),
+    "full": Mode("full", concurrency=(1, 8, 32), warmup_s=3.0, duration_s=8.0, requests=None,
+                 warmup_requests=0, ceiling_batch_sizes=(1, 4, 8, 16, 32, 64), ceiling_seconds=4.0,
+                 corpus_size=1024, workloads=("W1", "W2")),
+}
+
+
+def resolve(name: str, requests: int | None = None, concurrency: tuple[int, ...] | None = None) -> Mode:
+    """A named mode with command-line overrides applied."""
+    mode = MODES[name]
+    if requests is not None:
+        mode = replace(mode, requests=requests, warmup_requests=min(mode.warmup_requests or 2, requests))
+    if concurrency:
+        mode = replace(mode, concurrency=concurrency)
+    return mode

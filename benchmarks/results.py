@@ -1,0 +1,108 @@
+"""What a run produces, as plain dataclasses: written to JSON, tabled, plotted."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class LevelResult:
+    """One load level: a concurrency for HTTP systems, a batch size for the in-process ceiling."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    duration_s: float
+    rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    client_cpu_s: float = 0.0
+    warmup_errors: int = 0
+    first_error: str | None = None
+    batch_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LevelResult":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass
+class SystemResult:
+    workload: str
+    system: str            # stable id, e.g. "platform-triton-batch-2w"
+    label: str             # human-readable
+    status: str = "ok"     # ok | unavailable | failed
+    reason: str | None = None
+    levels: list[LevelResult] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    ratio_ceiling: float | None = None
+    ratio_baseline: float | None = None
+
+    @property
+    def best(self) -> LevelResult | None:
+        """The level of highest throughput: what the system sustains at its best."""
+        ok = [lv for lv in self.levels if lv.requests > 0]
+        return max(ok, key=lambda lv: lv.rps) if ok else None
+
+    @property
+    def best_rps(self) -> float | None:
+        best = self.best
+        return best.rps if best else None
+
+    @property
+    def errors(self) -> int:
+        return sum(lv.errors + lv.warmup_errors for lv in self.levels)
+
+
+@dataclass
+class RunResult:
+    mode: str
+    started_at: str
+    machine: dict[str, Any]
+    command: str
+    corpus: dict[str, Any]
+    results: list[SystemResult] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for item, res in zip(data["results"], self.results):
+            item["best_rps"] = res.best_rps
+        return _finite(data)
+
+
+CEILING = "ceiling"
+BASELINE = "fastapi-baseline"
+
+
+def add_ratios(results: list[SystemResult]) -> None:
+    """Each system's best throughput over the ceiling's and the baseline's, per workload."""
+    for workload in {r.workload for r in results}:
+        same = [r for r in results if r.workload == workload]
+        ceiling = _best_of(same, CEILING)
+        baseline = _best_of(same, BASELINE)
+        for r in same:
+            if r.best_rps is None:
+                continue
+            r.ratio_ceiling = r.best_rps / ceiling if ceiling else None
+            r.ratio_baseline = r.best_rps / baseline if baseline else None
+
+
+def _best_of(results: list[SystemResult], system: str) -> float | None:
+    for r in results:
+        if r.system == system and r.best_rps:
+            return r.best_rps
+    return None
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a level without a successful request has no percentiles."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,180 @@
+"""``python -m benchmarks.run [--quick|--full] [--workload W1,W2] [--systems ...] [--requests N]``.
+
+Runs every system on the same corpus in one go: builds the workloads (offline),
+writes the corpus, then for each system starts its processes, drives each
+concurrency level with the closed-loop load generator in its own process, and
+stops them before the next system starts, so no two systems share the cores.
+Writes ``<mode>.json``, ``<mode>.md`` and ``<mode>.png`` under benchmarks/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as py_platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+
+from benchmarks import corpus as corpus_mod
+from benchmarks.modes import MODES, Mode, resolve
+from benchmarks.procs import REPO, child_env
+from benchmarks.report import print_table, write_all
+from benchmarks.results import LevelResult, RunResult, SystemResult, add_ratios
+from benchmarks.systems import ceiling, fastapi_baseline, platform, triton_tokenizer
+from benchmarks.systems.base import RunContext, System, Target, Unavailable
+from benchmarks.workloads import WORKLOADS, prepare
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SYSTEMS: tuple[System, ...] = (ceiling.SYSTEM, fastapi_baseline.SYSTEM, triton_tokenizer.SYSTEM, platform.SYSTEM)
+console = Console(width=max(132, Console().width))
+
+
+def select_variants(spec: str | None) -> frozenset[str]:
+    """``--systems`` takes system names and/or variant ids; empty means everything."""
+    if not spec:
+        return frozenset()
+    out: set[str] = set()
+    for item in (s.strip() for s in spec.split(",") if s.strip()):
+        system = next((s for s in SYSTEMS if s.name == item), None)
+        if system is not None:
+            out.update(system.variants)
+        elif any(item in s.variants for s in SYSTEMS):
+            out.add(item)
+        else:
+            known = ", ".join(v for s in SYSTEMS for v in (s.name, *s.variants))
+            raise SystemExit(f"unknown system {item!r}; known: {known}")
+    return frozenset(out)
+
+
+def load_level(target: Target, ctx: RunContext, concurrency: int) -> LevelResult:
+    """One concurrency level, measured by ``benchmarks.loadgen`` in its own process."""
+    mode = ctx.mode
+    args = [sys.executable, "-m", "benchmarks.loadgen", "--url", target.url, "--payload", target.payload,
+            "--corpus", str(ctx.corpus_path), "--concurrency", str(concurrency)]
+    if mode.requests is not None:
+        args += ["--requests", str(mode.requests), "--warmup-requests", str(mode.warmup_requests)]
+    else:
+        args += ["--warmup-s", str(mode.warmup_s), "--duration-s", str(mode.duration_s)]
+    expected = (mode.warmup_s + mode.duration_s) if mode.requests is None else 60
+    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=expected + 300)
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
+    return LevelResult.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def run_http_system(system: System, ctx: RunContext) -> list[SystemResult]:
+    results: list[SystemResult] = []
+    gen = system.targets(ctx)
+    try:
+        for target in gen:
+            result = SystemResult(ctx.workload.workload.name, target.system, target.label, details=target.details)
+            try:
+                for concurrency in ctx.mode.concurrency:
+                    level = load_level(target, ctx, concurrency)
+                    result.levels.append(level)
+                    console.print(f"  {target.system} c={concurrency}: {level.rps:.1f} req/s, p99 {level.p99_ms:.1f} ms, "
+                                  f"{level.errors + level.warmup_errors} errors")
+            except Exception as exc:  # one failing level must not lose the others' numbers
+                result.status, result.reason = "failed", str(exc)[:500]
+                console.print(f"  [red]{target.system} failed[/red]: {exc}")
+            results.append(result)
+    except Unavailable as exc:
+        results.append(SystemResult(ctx.workload.workload.name, system.name, system.description, "unavailable", str(exc)))
+    except Exception as exc:
+        console.print(f"  [red]{system.name} failed to start[/red]: {exc}")
+        results.append(SystemResult(ctx.workload.workload.name, system.name, system.description, "failed",
+                                    str(exc)[:500]))
+    finally:
+        gen.close()
+    return results
+
+
+def run_system(system: System, ctx: RunContext) -> list[SystemResult]:
+    if not any(ctx.wants(v) for v in system.variants):
+        return []
+    console.print(f"[bold]{ctx.workload.workload.name} / {system.name}[/bold]")
+    t0 = time.monotonic()
+    if system.measure is not None:
+        try:
+            results = [system.measure(ctx)]
+            best = results[0].best
+            console.print(f"  ceiling: {best.rps:.1f} texts/s at batch {best.batch_size}")
+        except Exception as exc:
+            console.print(f"  [red]{system.name} failed[/red]: {exc}")
+            results = [SystemResult(ctx.workload.workload.name, system.name, system.description, "failed",
+                                    str(exc)[:500])]
+    else:
+        results = run_http_system(system, ctx)
+    console.print(f"  ({time.monotonic() - t0:.0f} s)")
+    return results
+
+
+def machine() -> dict:
+    """What the numbers were measured on: they mean nothing without it."""
+    import onnxruntime
+
+    from benchmarks.systems.ort_session import providers
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), py_platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    info = {"cpu": cpu, "cores": os.cpu_count(), "python": py_platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "providers": providers(), "commit": commit}
+    info["summary"] = (f"{cpu}, {info['cores']} cores, onnxruntime {info['onnxruntime']} ({', '.join(info['providers'])}),"
+                       f" commit {commit}")
+    return info
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    group = p.add_mutually_exclusive_group()
+    for name in MODES:
+        group.add_argument(f"--{name}", dest="mode", action="store_const", const=name,
+                           help=f"{name} mode" + (" (default)" if name == "quick" else ""))
+    p.add_argument("--workload", default=None, help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--systems", default=None, help="comma-separated system names or variant ids")
+    p.add_argument("--requests", type=int, default=None, help="fixed requests per level instead of a duration")
+    p.add_argument("--concurrency", default=None, help="comma-separated client counts, e.g. 1,8,32")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where results go")
+    args = p.parse_args(argv)
+    args.mode = args.mode or "quick"
+    return args
+
+
+def main(argv: list[str] | None = None) -> RunResult:
+    args = parse_args(argv)
+    concurrency = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
+    mode: Mode = resolve(args.mode, args.requests, concurrency)
+    workloads = args.workload.split(",") if args.workload else list(mode.workloads)
+    variants = select_variants(args.systems) or frozenset(
+        v for s in SYSTEMS for v in s.variants if v not in mode.skip)
+    log_dir = args.out / "logs" / args.mode
+    command = "python -m benchmarks.run " + shlex.join(sys.argv[1:] if argv is None else argv)
+    run = RunResult(args.mode, datetime.now(timezone.utc).isoformat(timespec="seconds"), machine(), command,
+                    {"size": mode.corpus_size, "words": f"{corpus_mod.MIN_WORDS}-{corpus_mod.MAX_WORDS}",
+                     "seed": corpus_mod.SEED})
+    t0 = time.monotonic()
+    for name in workloads:
+        with console.status(f"preparing {name} (first run: export to ONNX)"):
+            workload = prepare(name)
+        corpus_path = log_dir / f"corpus-{name}.json"
+        corpus_mod.write_corpus(workload.tokenizer_dir, mode.corpus_size, corpus_path)
+        ctx = RunContext(workload, corpus_path, mode, log_dir, variants)
+        for system in SYSTEMS:
+            run.results.extend(run_system(system, ctx))
+    add_ratios(run.results)
+    run.machine["wall_s"] = round(time.monotonic() - t0, 1)
+    print_table(run, console)
+    paths = write_all(run, args.out)
+    console.print(f"wrote {', '.join(str(p) for p in paths.values())} in {run.machine['wall_s']:.0f} s")
+    return run
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Systems under test: each starts real processes and yields what the load generator targets."""

@@ -1,0 +1,131 @@
+"""This platform, driven exactly as a user drives it: ``serving up``, ``serving model upload/add``.
+
+One stack per (worker processes, statistics on/off); in each, one endpoint per
+engine configuration, so the variants of a stack share its start-up:
+
+- ``triton-nobatch``: engine triton, Triton's dynamic batching off (``--max-batch-size 0``)
+- ``triton-batch``: engine triton, dynamic batching on (32, 2 ms queue delay)
+- ``ort``: the onnxruntime engine inside the worker (no Triton hop, no cross-request batching)
+
+Each configuration registers its own copy of the model (a Triton model's batching
+is fixed at load), and the statistics-off stack (``SERVING_STATISTICS_ENABLED=false``)
+measures what per-request statistics cost against the same configuration with them on.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import httpx
+
+from benchmarks.procs import child_env, process, wait_http
+from benchmarks.systems.base import RunContext, System, Target
+
+NAME = "platform"
+MAX_BATCH = 32
+QUEUE_DELAY_US = 2000
+
+# endpoint -> (label, extra `serving model add` options)
+ENDPOINTS: dict[str, tuple[str, list[str]]] = {
+    "triton-nobatch": ("engine triton, dynamic batching off", ["--engine", "triton", "--max-batch-size", "0"]),
+    "triton-batch": ("engine triton, dynamic batching on", [
+        "--engine", "triton", "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", str(QUEUE_DELAY_US)]),
+    "ort": ("engine onnxruntime in the worker", ["--engine", "onnxruntime"]),
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One ``serving up``: its worker count, whether statistics are recorded, its endpoints."""
+
+    suffix: str
+    workers: int
+    statistics: bool
+    endpoints: tuple[str, ...]
+
+    def variant(self, endpoint: str) -> str:
+        return f"{NAME}-{endpoint}-{self.suffix}"
+
+
+STACKS = (
+    Stack("1w", 1, True, ("triton-nobatch", "triton-batch", "ort")),
+    Stack("2w", 2, True, ("triton-nobatch", "triton-batch", "ort")),
+    Stack("2w-nostats", 2, False, ("triton-batch", "ort")),
+)
+VARIANTS = tuple(stack.variant(ep) for stack in STACKS for ep in stack.endpoints)
+
+
+def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str]:
+    """Fresh state and free ports (the demo's recipe), statistics on or off."""
+    from serving.demo import stack_env as demo_env
+
+    home = ctx.log_dir / f"{NAME}-{stack.suffix}-home"
+    shutil.rmtree(home, ignore_errors=True)
+    env = demo_env(home)
+    env["SERVING_STATISTICS_ENABLED"] = "true" if stack.statistics else "false"
+    return {k: v for k, v in env.items() if k.startswith("SERVING_")}
+
+
+def cli(env: dict[str, str], *args: str) -> None:
+    """``serving ...`` as a user types it; its output goes to our log on failure."""
+    out = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=child_env(env),
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"serving {' '.join(args)} failed: {out.stdout[-1000:]}{out.stderr[-2000:]}")
+
+
+def deploy(ctx: RunContext, env: dict[str, str], endpoint: str) -> None:
+    wl = ctx.workload
+    model = f"bench-{endpoint}"
+    cli(env, "model", "upload", "--name", model, "--path", str(wl.onnx_path))
+    cli(env, "model", "add", "--endpoint", endpoint, "--model", f"{model}:1", "--tokenizer", str(wl.tokenizer_dir),
+        "--labels", ",".join(wl.labels), *ENDPOINTS[endpoint][1])
+
+
+def wait_serving(url: str, body: dict, timeout: float, procs: list[subprocess.Popen], streak: int = 8) -> None:
+    """Until ``streak`` requests in a row succeed: with N workers each process must have the config."""
+    deadline = time.monotonic() + timeout
+    ok, last = 0, None
+    while ok < streak:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} not serving after {timeout:.0f}s (last: {last})")
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("serving up exited; see its log")
+        try:
+            resp = httpx.post(url, json=body, timeout=30)
+            ok, last = (ok + 1, None) if resp.status_code == 200 else (0, f"{resp.status_code} {resp.text[:200]}")
+        except httpx.HTTPError as exc:
+            ok, last = 0, exc
+        if ok == 0:
+            time.sleep(0.3)
+
+
+def targets(ctx: RunContext) -> Iterator[Target]:
+    for stack in STACKS:
+        wanted = [ep for ep in stack.endpoints if ctx.wants(stack.variant(ep))]
+        if not wanted:
+            continue
+        env = stack_env(ctx, stack)
+        worker = f"http://127.0.0.1:{env['SERVING_WORKER_PORT']}"
+        args = ["-m", "serving.cli.main", "up", "--workers", str(stack.workers)]
+        with process(args, ctx.log_dir / f"{NAME}-{stack.suffix}.log", env=env) as proc:
+            wait_http(f"{worker}/v2/health/live", timeout=240, procs=[proc])
+            for endpoint in wanted:
+                deploy(ctx, env, endpoint)
+            for endpoint in wanted:
+                url = f"{worker}/serve/{endpoint}"
+                wait_serving(url, {"text": "warm up the endpoint"}, timeout=180, procs=[proc])
+                stats = "on" if stack.statistics else "off"
+                label = (f"platform, {stack.workers} worker{'s' if stack.workers > 1 else ''}, "
+                         f"{ENDPOINTS[endpoint][0]}, statistics {stats}")
+                yield Target(stack.variant(endpoint), label, url, "text_json", procs=[proc],
+                             details={"workers": stack.workers, "statistics": stack.statistics,
+                                      "endpoint": endpoint, "options": ENDPOINTS[endpoint][1]})
+
+
+SYSTEM = System(NAME, "this platform: serving up --workers N, one endpoint per engine configuration",
+                variants=VARIANTS, targets=targets)
