@@ -90,8 +90,10 @@ def session_signature(session: Any) -> dict[str, Any]:
     return {"inputs": [spec(a) for a in session.get_inputs()], "outputs": [spec(a) for a in session.get_outputs()]}
 
 
-def tensors(specs: list[dict[str, Any]]) -> list[Any]:
-    """PyTriton tensors: the batch dimension is Triton's, so strip it from the signature shape."""
+def tensors(specs: list[dict[str, Any]], batched: bool) -> list[Any]:
+    """PyTriton tensors. With batching on, the batch dimension is Triton's, so it is stripped from
+    the signature shape; with it off (``max_batch_size: 0``) the model sees whole shapes, as in a
+    config.pbtxt, and the worker's ``[1, seq]`` requests must match them."""
     from pytriton.model_config import Tensor
     from tritonclient.utils import triton_to_np_dtype
 
@@ -99,12 +101,13 @@ def tensors(specs: list[dict[str, Any]]) -> list[Any]:
     for spec in specs:
         dtype = triton_to_np_dtype(spec["dtype"].upper())
         dtype = bytes if dtype is np.object_ else dtype
-        out.append(Tensor(name=spec["name"], dtype=dtype, shape=tuple(spec["shape"][1:]) or (1,)))
+        out.append(Tensor(name=spec["name"], dtype=dtype, shape=tuple(spec["shape"][int(batched):]) or (1,)))
     return out
 
 
 def make_infer_fn(session: Any, input_names: list[str], output_names: list[str]) -> Callable:
-    """Triton's batcher only groups same-shape requests, so @batch can concatenate them."""
+    """Triton's batcher only groups same-shape requests, so @batch can concatenate them
+    (without batching each call holds one request, which @batch passes through)."""
     from pytriton.decorators import batch
 
     @batch
@@ -175,11 +178,12 @@ class ModelBinder:
         input_names = [s["name"] for s in signature["inputs"]]
         output_names = [s["name"] for s in signature["outputs"]]
         instances = max(1, int(target.batching.get("instances") or 1))
+        batched = int(target.batching.get("max_batch_size") or 0) > 0
         self.triton.bind(
             model_name=target.name,
             infer_func=[make_infer_fn(session, input_names, output_names) for _ in range(instances)],
-            inputs=tensors(signature["inputs"]),
-            outputs=tensors(signature["outputs"]),
+            inputs=tensors(signature["inputs"], batched),
+            outputs=tensors(signature["outputs"], batched),
             model_version=TRITON_VERSION,
             config=pytriton_model_config(target.batching),
             strict=False,

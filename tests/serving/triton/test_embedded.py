@@ -81,6 +81,17 @@ def test_embedded_triton_serves_and_hot_adds_models(tmp_path, tiny_model, tiny_m
             wait_until(lambda: not client.is_model_ready("clf_v1"), 30, "clf_v1 unloaded")
             np.testing.assert_allclose(grpc_logits(client, "clf_v2", feeds), want_b, atol=1e-4)
             assert proc.poll() is None
+
+            # Batching off (max_batch_size 0): Triton's model takes whole shapes, batch dimension included,
+            # so the [1, seq] tensors a worker sends still fit.
+            fake.publish({"clf": triton_endpoint("clf", [target("clf", 2, sha_b, tiny_model_b.signature)]),
+                          "flat": triton_endpoint("flat", [target("flat", 1, sha_a, tiny_model.signature)],
+                                                  max_batch_size=0)})
+            wait_http(base + "/v2/models/flat_v1/ready", timeout=30, proc=proc)
+            assert client.get_model_config("flat_v1", as_json=True)["config"].get("max_batch_size", 0) == 0
+            feeds = batch_inputs(1, 9, seed=2)
+            np.testing.assert_allclose(grpc_logits(client, "flat_v1", feeds),
+                                       direct_logits(tiny_model.onnx_path, feeds), atol=1e-4)
             client.close()
         assert proc.returncode == 0, (tmp_path / "triton.log").read_text()[-3000:]
     log = (tmp_path / "triton.log").read_text()
