@@ -48,17 +48,21 @@ class WorkerSettings(CommonSettings):
     statistics_host: str = "127.0.0.1"
     statistics_port: int = 9999
     statistics_enabled: bool = True  # off only to measure what recording costs
-    workers: int = 1                 # processes on this port; sizes onnxruntime's thread pool
-    ort_threads: int = 0             # onnxruntime intra-op threads per process; 0: cores / workers
+    ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
+    ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"
 
-    def resolved_ort_threads(self) -> int:
+    def resolved_ort_parallel(self) -> int:
+        """One inference per core, in every process: uvicorn's processes share one listening socket
+        and the kernel hands connections out unevenly, so sizing by cores / processes would leave
+        a busy process short of threads while another idles. With one intra-op thread each, an
+        oversubscribed core only time-slices; it never spins."""
         import os
 
-        return self.ort_threads or max(1, (os.cpu_count() or 1) // max(1, self.workers))
+        return self.ort_parallel or os.cpu_count() or 1
 
 
 class TritonSettings(CommonSettings):
@@ -66,6 +70,7 @@ class TritonSettings(CommonSettings):
     triton_grpc_port: int = 8001
     triton_metrics_port: int = 8002
     triton_host: str = "127.0.0.1"
+    triton_ort_threads: int = 0      # embedded triton: onnxruntime intra-op threads per model; 0: cores
 
 
 class StatisticsSettings(CommonSettings):

@@ -10,6 +10,9 @@ import typer
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
 
+# Triton's batcher only groups requests of one shape: a few length buckets let different lengths share a batch.
+BATCH_PAD_MULTIPLE = 16
+
 app = typer.Typer(help="Model versions in the registry, and deploying them to endpoints.", no_args_is_help=True)
 
 
@@ -99,8 +102,9 @@ def add(
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
     labels: Optional[str] = typer.Option(None, help="comma-separated class labels for the tokenizer postprocess"),
     max_length: int = typer.Option(128, help="tokenizer truncation length"),
-    pad_to_multiple_of: int = typer.Option(
-        16, help="round padded lengths up to a multiple (0: longest text), so Triton can batch requests"),
+    pad_to_multiple_of: Optional[int] = typer.Option(
+        None, help="round padded lengths up to a multiple, so Triton can batch requests of different lengths "
+                   "(default: 16 behind Triton's dynamic batcher, else 0: the longest text)"),
     canary: Optional[str] = typer.Option(None, help="e.g. 10%: this version takes that share, the current one the rest"),
     max_batch_size: int = typer.Option(32),
     max_queue_delay_us: int = typer.Option(2000, help="Triton dynamic batcher queue delay"),
@@ -119,6 +123,8 @@ def add(
                      "preferred_batch_sizes": preferred_batch_size, "instances": instances},
     }
     if tokenizer:
+        if pad_to_multiple_of is None:  # padding only pays where requests are batched together
+            pad_to_multiple_of = BATCH_PAD_MULTIPLE if engine == "triton" and max_batch_size > 0 else 0
         if pad_to_multiple_of and max_length % pad_to_multiple_of:
             raise typer.BadParameter(f"--max-length {max_length} must be a multiple of --pad-to-multiple-of")
         options = {"max_length": max_length, "pad_to_multiple_of": pad_to_multiple_of,
