@@ -114,7 +114,7 @@ def summarize(spec: LoadSpec, phase: Phase, wall: float, cpu: float, warm: Phase
         "rps": len(phase.latencies) / wall if wall > 0 else 0.0,
         "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99),
         "mean_ms": float(lat_ms.mean()) if len(lat_ms) else float("nan"),
-        "client_cpu_s": cpu,
+        "client_cpu_s": cpu, "client": "httpx",
     }
 
 

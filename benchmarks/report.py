@@ -29,7 +29,7 @@ def summary_rows(run: RunResult) -> list[dict[str, Any]]:
         best = r.best
         rows.append({
             "workload": r.workload, "system": r.system, "label": r.label, "status": r.status,
-            "level": None if best is None else (f"batch {best.batch_size}" if best.batch_size else f"c={best.concurrency}"),
+            "level": None if best is None else best.name,
             "rps": None if best is None else best.rps,
             "p50": None if best is None else best.p50_ms, "p95": None if best is None else best.p95_ms,
             "p99": None if best is None else best.p99_ms, "errors": r.errors,
@@ -103,8 +103,7 @@ def markdown(run: RunResult) -> str:
               "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in run.results:
         for lv in r.levels:
-            level = f"batch {lv.batch_size}" if lv.batch_size else f"c={lv.concurrency}"
-            lines.append(f"| {r.workload} | {r.system} | {level} | {lv.requests} | {lv.rps:.1f} | {lv.p50_ms:.1f} "
+            lines.append(f"| {r.workload} | {r.system} | {lv.name} | {lv.requests} | {lv.rps:.1f} | {lv.p50_ms:.1f} "
                          f"| {lv.p95_ms:.1f} | {lv.p99_ms:.1f} | {lv.errors + lv.warmup_errors} |")
     lines += ["", "Systems:", ""] + [f"- `{r.system}`: {r.label}" for r in run.results]
     return "\n".join(lines) + "\n"
@@ -123,7 +122,7 @@ def plot(run: RunResult, path: Path) -> None:
         ax_rps, ax_p99 = axes[row]
         for r in (r for r in run.results if r.workload == workload and r.levels):
             if r.system == CEILING:
-                ax_rps.axhline(r.best_rps, color="black", linestyle="--", label=f"ceiling (batch {r.best.batch_size})")
+                ax_rps.axhline(r.best_rps, color="black", linestyle="--", label=f"ceiling ({r.best.name})")
                 continue
             xs = [lv.concurrency for lv in r.levels]
             style = "-o" if r.system.startswith("platform") else "--s"

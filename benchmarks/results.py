@@ -23,6 +23,15 @@ class LevelResult:
     warmup_errors: int = 0
     first_error: str | None = None
     batch_size: int | None = None
+    client: str = ""               # the load generator: wrk (timed levels) or httpx (fixed counts)
+
+    @property
+    def name(self) -> str:
+        """``c=16`` for a load level; ``batch 8`` or ``batch 1 x 2 streams`` for the ceiling."""
+        if not self.batch_size:
+            return f"c={self.concurrency}"
+        streams = f" x {self.concurrency} streams" if self.concurrency > 1 else ""
+        return f"batch {self.batch_size}{streams}"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "LevelResult":

@@ -22,6 +22,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benchmarks import corpus as corpus_mod
+from benchmarks import wrk_load
 from benchmarks.modes import MODES, Mode, resolve
 from benchmarks.procs import REPO, child_env
 from benchmarks.report import print_table, write_all
@@ -53,8 +54,12 @@ def select_variants(spec: str | None) -> frozenset[str]:
 
 
 def load_level(target: Target, ctx: RunContext, concurrency: int) -> LevelResult:
-    """One concurrency level, measured by ``benchmarks.loadgen`` in its own process."""
+    """One concurrency level: timed levels by wrk when installed (``benchmarks.wrk_load``), fixed
+    request counts and machines without wrk by ``benchmarks.loadgen`` in its own process."""
     mode = ctx.mode
+    if mode.requests is None and wrk_load.available():
+        return LevelResult.from_dict(wrk_load.run_level(target.url, target.payload, ctx.corpus_path, concurrency,
+                                                        mode.warmup_s, mode.duration_s))
     args = [sys.executable, "-m", "benchmarks.loadgen", "--url", target.url, "--payload", target.payload,
             "--corpus", str(ctx.corpus_path), "--concurrency", str(concurrency)]
     if mode.requests is not None:
@@ -104,7 +109,7 @@ def run_system(system: System, ctx: RunContext) -> list[SystemResult]:
         try:
             results = [system.measure(ctx)]
             best = results[0].best
-            console.print(f"  ceiling: {best.rps:.1f} texts/s at batch {best.batch_size}")
+            console.print(f"  ceiling: {best.rps:.1f} texts/s at {best.name}")
         except Exception as exc:
             console.print(f"  [red]{system.name} failed[/red]: {exc}")
             results = [SystemResult(ctx.workload.workload.name, system.name, system.description, "failed",

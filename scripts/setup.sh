@@ -7,6 +7,7 @@ PY=${PYTHON:-python3}
 
 need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v wrk >/dev/null || need_apt+=(wrk)  # the benchmarks' load generator
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ] && [ "${SKIP_APT:-0}" != 1 ]; then
   echo "== installing system packages: ${need_apt[*]}"

@@ -3,15 +3,22 @@
 It is what the hardware gives for this model with tokenization included and
 nothing else: any serving system's throughput over this is the share it keeps.
 Each batch takes the next consecutive texts of the corpus and pads to its
-longest (dynamic padding), as a server's batcher would. It runs in a child
-process (``python -m benchmarks.systems.ceiling``) so its threads own the box.
+longest (dynamic padding), as a server's batcher would. Two thread layouts are
+tried for every batch size: one inference at a time using every core
+(intra-op parallelism), and one inference per core side by side, one thread
+each (what a server with concurrent requests can do); on this CPU the second is
+the faster, so a ceiling without it would be one a server could beat. It runs
+in a child process (``python -m benchmarks.systems.ceiling``) so its threads own the box.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -26,24 +33,40 @@ from benchmarks.systems.ort_session import classify, providers, session, tokeniz
 NAME = "ceiling"
 
 
-def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float) -> dict:
-    """Batches of consecutive texts for ``seconds`` (at least 3): texts/s and batch latency."""
+def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float, streams: int = 1) -> dict:
+    """``streams`` threads run batches of consecutive texts for ``seconds`` (at least 3 batches
+    each): texts/s and batch latency."""
     for start in range(0, 2 * batch, batch):  # warm-up: allocations for this shape range
         classify(sess, tok, _take(texts, start, batch))
-    latencies, done, start = [], 0, 0
+    starts = itertools.count(0, batch)  # shared: the streams take the corpus in turn
+    latencies: list[float] = []
     t_end = time.perf_counter() + seconds
+
+    def stream() -> None:
+        mine = 0
+        while time.perf_counter() < t_end or mine < 3:
+            t = time.perf_counter()
+            classify(sess, tok, _take(texts, next(starts), batch))
+            latencies.append(time.perf_counter() - t)
+            mine += 1
+
     t0 = time.perf_counter()
-    while time.perf_counter() < t_end or len(latencies) < 3:
-        t = time.perf_counter()
-        classify(sess, tok, _take(texts, start, batch))
-        latencies.append(time.perf_counter() - t)
-        done += batch
-        start += batch
+    threads = [threading.Thread(target=stream) for _ in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     wall = time.perf_counter() - t0
+    done = len(latencies) * batch
     lat = np.asarray(latencies) * 1000.0
-    return {"concurrency": 1, "batch_size": batch, "requests": done, "errors": 0, "duration_s": wall,
+    return {"concurrency": streams, "batch_size": batch, "requests": done, "errors": 0, "duration_s": wall,
             "rps": done / wall, "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
             "p99_ms": float(np.percentile(lat, 99)), "mean_ms": float(lat.mean())}
+
+
+def layouts(cores: int) -> list[tuple[int, int]]:
+    """(intra-op threads, streams): all cores on one inference, or one inference per core."""
+    return sorted({(cores, 1), (1, cores)}, reverse=True)
 
 
 def _take(texts: list[str], start: int, n: int) -> list[str]:
@@ -63,7 +86,7 @@ def measure(ctx: RunContext) -> SystemResult:
     data = json.loads(out.stdout.strip().splitlines()[-1])
     levels = [LevelResult.from_dict(lv) for lv in data["levels"]]
     result = SystemResult(wl.workload.name, NAME, "ceiling: onnxruntime in-process, no HTTP", levels=levels,
-                          details={"providers": data["providers"], "threads": data["threads"]})
+                          details={"providers": data["providers"], "layouts": data["layouts"]})
     result.details["best_batch_size"] = result.best.batch_size if result.best else None
     return result
 
@@ -75,13 +98,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--seconds", type=float, default=2.0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
-    sess, tok = session(args.onnx, args.threads), tokenizer(args.tokenizer)
-    texts = read_corpus(args.corpus)
-    levels = [measure_batch_size(sess, tok, texts, int(b), args.seconds) for b in args.batch_sizes.split(",")]
-    threads = sess.get_session_options().intra_op_num_threads
-    print(json.dumps({"levels": levels, "providers": providers(), "threads": threads}))
+    tok, texts = tokenizer(args.tokenizer), read_corpus(args.corpus)
+    levels = []
+    for threads, streams in layouts(args.cores):
+        sess = session(args.onnx, threads)
+        for b in args.batch_sizes.split(","):
+            levels.append({**measure_batch_size(sess, tok, texts, int(b), args.seconds, streams),
+                           "intra_op_threads": threads})
+    print(json.dumps({"levels": levels, "providers": providers(), "layouts": layouts(args.cores)}))
 
 
 SYSTEM = System(NAME, "onnxruntime in one process, no HTTP, best batch size with dynamic padding",
