@@ -5,7 +5,7 @@ the benchmark does, drives it with the same closed-loop client, and meanwhile
 (1) reads every process's CPU time from /proc (server processes by role, the
 load client, the rest of the box), and (2) samples the Python stacks of the
 server processes with py-spy. Prints a table and writes
-``results/profile-<workload>-<system>.{txt,svg}`` (the SVG is py-spy's flame graph).
+``results/profile-<workload>-<system>.{txt,svg,raw}`` (py-spy's flame graph and collapsed stacks).
 """
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 # Stack frames -> what part of the serving path they are (first match wins, innermost first).
 STAGES = (("inference (onnxruntime)", ("InferenceSession.run", "onnxruntime")),
           ("Triton client (gRPC)", ("tritonclient", "grpc")),
+          ("PyTriton proxy (embedded Triton)", ("pytriton", "model.py", "multiprocessing/", "zmq")),
           ("tokenize", ("tokenizers", "encode", "preprocess/tokenizer")),
-          ("statistics", ("statistics/recorder", "statistics")),
+          ("statistics", ("serving/statistics/",)),
           ("JSON", ("orjson", "json_response", "read_json")),
           ("HTTP (uvicorn, starlette, FastAPI)", ("uvicorn", "starlette", "fastapi", "httptools")))
 
@@ -73,7 +74,9 @@ def stage_shares(raw: Path) -> tuple[Counter, Counter, int]:
             continue
         n = int(count)
         total += n
-        frames = stack.split(";")
+        frames = [f for f in stack.split(";") if not f.startswith("process ")]  # py-spy's process labels
+        if not frames:
+            continue
         leaves[frames[-1][:110]] += n
         inner_first = list(reversed(frames))
         stage = next((name for name, needles in STAGES if any(any(x in f for x in needles) for f in inner_first)),
@@ -115,7 +118,6 @@ def profile(target: Target, ctx: RunContext, seconds: float, out: Path) -> str:
     lines += ["", f"Python stacks of the server processes ({total} samples, py-spy):"]
     lines += [f"  {n / total:6.1%}  {name}" for name, n in stages.most_common()] if total else ["  (no samples)"]
     lines += ["", "Innermost frames:"] + [f"  {n / total:6.1%}  {name}" for name, n in leaves.most_common(15)]
-    raw.unlink(missing_ok=True)
     return "\n".join(lines) + "\n"
 
 
