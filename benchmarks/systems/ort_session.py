@@ -12,14 +12,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.workloads import MAX_LENGTH
-
-
-def providers() -> list[str]:
-    """CUDA when this onnxruntime build has it (GPU machines run the command unchanged)."""
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+from serving.ort import providers
 
 
 def session(onnx_path: Path, threads: int | None = None) -> Any:

@@ -28,6 +28,7 @@ import numpy as np
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
+from serving.ort import session as ort_session
 from serving.settings import TritonSettings
 from serving.triton.naming import TRITON_VERSION
 from serving.triton.repository import TritonTarget, triton_targets
@@ -67,18 +68,6 @@ def triton_config(settings: TritonSettings) -> Any:
         metrics_address=host, metrics_port=settings.triton_metrics_port,
         allow_gpu_metrics=False, exit_timeout_secs=5, log_verbose=0,
     )
-
-
-def onnx_session(path: Path, threads: int) -> Any:
-    """One session per model; ``run`` is thread-safe, so instances share it."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    # Spinning threads burn idle CPU that the other processes on a small box need.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def session_signature(session: Any) -> dict[str, Any]:
@@ -175,7 +164,7 @@ class ModelBinder:
             log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), getattr(arg, "name", arg))
 
     def _bind(self, target: TritonTarget) -> None:
-        session = onnx_session(self.artifact_path(target.artifact), self.ort_threads)
+        session = ort_session(self.artifact_path(target.artifact), self.ort_threads)
         signature = target.signature or session_signature(session)
         input_names = [s["name"] for s in signature["inputs"]]
         output_names = [s["name"] for s in signature["outputs"]]

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from serving.ort import session as ort_session
 from serving.worker.errors import BadRequest, ModelNotReady
 from serving.worker.runtime import Target
 
@@ -31,13 +32,7 @@ class OnnxRuntimeEngine:
         self._executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="onnxruntime")
 
     def _load(self, artifact: str) -> Any:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle pools must not burn CPU
-        return ort.InferenceSession(str(self.artifact_path(artifact)), options, providers=_providers(ort))
+        return ort_session(self.artifact_path(artifact), self.threads)
 
     def prepare(self, target: Target) -> None:
         with self._lock:
@@ -68,8 +63,3 @@ class OnnxRuntimeEngine:
     async def close(self) -> None:
         self._executor.shutdown(wait=False)
 
-
-def _providers(ort: Any) -> list[str]:
-    """CUDA when this onnxruntime build has it, so a GPU box needs no other setting."""
-    available = ort.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
