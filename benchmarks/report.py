@@ -14,8 +14,8 @@ from rich.table import Table
 
 from benchmarks.results import BASELINE, CEILING, RunResult, SystemResult
 
-STATS_PAIRS = (("platform-ort-2w", "platform-ort-2w-nostats"),
-               ("platform-triton-batch-2w", "platform-triton-batch-2w-nostats"))
+STATS_PAIRS = (("platform-ort-1w", "platform-ort-1w-nostats"),
+               ("platform-triton-batch-1w", "platform-triton-batch-1w-nostats"))
 
 
 def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
@@ -43,16 +43,28 @@ def checks(run: RunResult) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     by = {(r.workload, r.system): r for r in run.results if r.best_rps}
     w2 = [r for (w, _), r in by.items() if w == "W2" and r.system.startswith("platform-")]
-    if w2:
-        best = max(w2, key=lambda r: r.best_rps)
+    # The ceiling and the baseline run the model as exported; an --optimize'd model is another
+    # model (int8 changes some predictions), so it is checked apart and said to be.
+    same = [r for r in w2 if not r.details.get("upload_options")]
+    optimized = [r for r in w2 if r.details.get("upload_options")]
+    if same:
+        best = max(same, key=lambda r: r.best_rps)
         if best.ratio_ceiling is not None:
-            out.append({"target": "W2: platform >= 90% of the ceiling", "system": best.system,
+            out.append({"target": "W2: platform >= 90% of the ceiling (same model)", "system": best.system,
                         "value": best.ratio_ceiling, "met": best.ratio_ceiling >= 0.9})
         if best.ratio_baseline is not None:
-            out.append({"target": "W2: platform >= 2.5x the FastAPI baseline", "system": best.system,
+            out.append({"target": "W2: platform >= 2.5x the FastAPI baseline (same model)", "system": best.system,
                         "value": best.ratio_baseline, "met": best.ratio_baseline >= 2.5})
+    if optimized:
+        best = max(optimized, key=lambda r: r.best_rps)
+        if best.ratio_baseline is not None:
+            agree = best.details.get("label_agreement")
+            note = f", label agreement {agree:.1%}" if agree is not None else ""
+            out.append({"target": f"W2: platform >= 2.5x the FastAPI baseline (optimized model{note})",
+                        "system": best.system, "value": best.ratio_baseline, "met": best.ratio_baseline >= 2.5})
     triton = by.get(("W1", "triton-tokenizer-batch"))
-    w1 = [r for (w, _), r in by.items() if w == "W1" and r.system.startswith("platform-triton-batch")]
+    w1 = [r for (w, _), r in by.items() if w == "W1" and r.system.startswith("platform-triton-batch")
+          and r.system not in {off for _, off in STATS_PAIRS}]
     if triton and w1:
         best = max(w1, key=lambda r: r.best_rps)
         ratio = best.best_rps / triton.best_rps
@@ -105,7 +117,13 @@ def markdown(run: RunResult) -> str:
         for lv in r.levels:
             lines.append(f"| {r.workload} | {r.system} | {lv.name} | {lv.requests} | {lv.rps:.1f} | {lv.p50_ms:.1f} "
                          f"| {lv.p95_ms:.1f} | {lv.p99_ms:.1f} | {lv.errors + lv.warmup_errors} |")
-    lines += ["", "Systems:", ""] + [f"- `{r.system}`: {r.label}" for r in run.results]
+    lines += ["", "Systems:", ""]
+    for system, label in dict((r.system, r.label) for r in run.results).items():
+        lines.append(f"- `{system}`: {label}")
+    agreements = [r for r in run.results if "label_agreement" in r.details]
+    if agreements:
+        lines += ["", "Optimized models: predicted label equal to the unoptimized model's, over HTTP on corpus texts:", ""]
+        lines += [f"- {r.workload} `{r.system}`: {r.details['label_agreement']:.1%}" for r in agreements]
     return "\n".join(lines) + "\n"
 
 

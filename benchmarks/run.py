@@ -120,6 +120,14 @@ def run_system(system: System, ctx: RunContext) -> list[SystemResult]:
     return results
 
 
+def default_workloads(mode: Mode) -> list[str]:
+    """The mode's workloads, plus the bert-base-sized W3 where onnxruntime has a GPU."""
+    from benchmarks.systems.ort_session import providers
+
+    gpu = "CUDAExecutionProvider" in providers()
+    return [*mode.workloads, *(["W3"] if gpu and "W3" not in mode.workloads else [])]
+
+
 def machine() -> dict:
     """What the numbers were measured on: they mean nothing without it."""
     import onnxruntime
@@ -156,7 +164,7 @@ def main(argv: list[str] | None = None) -> RunResult:
     args = parse_args(argv)
     concurrency = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
     mode: Mode = resolve(args.mode, args.requests, concurrency)
-    workloads = args.workload.split(",") if args.workload else list(mode.workloads)
+    workloads = args.workload.split(",") if args.workload else default_workloads(mode)
     variants = select_variants(args.systems) or frozenset(
         v for s in SYSTEMS for v in s.variants if v not in mode.skip)
     log_dir = args.out / "logs" / args.mode

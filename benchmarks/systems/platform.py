@@ -5,7 +5,12 @@ engine configuration, so the variants of a stack share its start-up:
 
 - ``triton-nobatch``: engine triton, Triton's dynamic batching off (``--max-batch-size 0``)
 - ``triton-batch``: engine triton, dynamic batching on (32, 2 ms queue delay)
+- ``triton-batch-1shape``: the same with every text padded to the truncation length, so that
+  Triton's batcher, which only batches requests of one shape, can batch all of them
 - ``ort``: the onnxruntime engine inside the worker (no Triton hop, no cross-request batching)
+- ``ort-fusion`` / ``ort-int8``: the same, with the model uploaded with ``--optimize fusion`` or
+  ``--optimize int8`` (the model-side lever); their label agreement with ``ort`` on the corpus is
+  measured over HTTP and recorded with the result
 
 Each configuration registers its own copy of the model (a Triton model's batching
 is fixed at load), and the statistics-off stack (``SERVING_STATISTICS_ENABLED=false``)
@@ -17,24 +22,46 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import httpx
 
+from benchmarks.corpus import read_corpus
 from benchmarks.procs import child_env, process, wait_http
 from benchmarks.systems.base import RunContext, System, Target
+from benchmarks.workloads import MAX_LENGTH
 
 NAME = "platform"
 MAX_BATCH = 32
 QUEUE_DELAY_US = 2000
 
-# endpoint -> (label, extra `serving model add` options)
-ENDPOINTS: dict[str, tuple[str, list[str]]] = {
-    "triton-nobatch": ("engine triton, dynamic batching off", ["--engine", "triton", "--max-batch-size", "0"]),
-    "triton-batch": ("engine triton, dynamic batching on", [
+AGREEMENT_TEXTS = 64  # corpus texts sent to an optimized endpoint and to ``ort`` to compare labels
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    label: str
+    add: list[str]                                    # extra `serving model add` options
+    upload: list[str] = field(default_factory=list)  # extra `serving model upload` options
+
+
+ORT = ["--engine", "onnxruntime"]
+ENDPOINTS: dict[str, Endpoint] = {
+    "triton-nobatch": Endpoint("engine triton, dynamic batching off", ["--engine", "triton", "--max-batch-size", "0"]),
+    "triton-batch": Endpoint("engine triton, dynamic batching on", [
         "--engine", "triton", "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", str(QUEUE_DELAY_US)]),
-    "ort": ("engine onnxruntime in the worker", ["--engine", "onnxruntime"]),
+    # Triton's batcher closes a batch at the first queued request of another shape, so with the default
+    # 16-token length buckets requests of mixed lengths rarely share a batch; one bucket (pad every
+    # text to the truncation length) lets them, at the price of computing the padding.
+    "triton-batch-1shape": Endpoint("engine triton, dynamic batching on, one shape (--pad-to-multiple-of 128)", [
+        "--engine", "triton", "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", str(QUEUE_DELAY_US),
+        "--pad-to-multiple-of", str(MAX_LENGTH)]),
+    "ort": Endpoint("engine onnxruntime in the worker", ORT),
+    "ort-fusion": Endpoint("engine onnxruntime, model fused at upload (--optimize fusion)", ORT,
+                           ["--optimize", "fusion"]),
+    "ort-int8": Endpoint("engine onnxruntime, model fused + int8 at upload (--optimize int8)", ORT,
+                         ["--optimize", "int8"]),
 }
 
 
@@ -52,9 +79,9 @@ class Stack:
 
 
 STACKS = (
-    Stack("1w", 1, True, ("triton-nobatch", "triton-batch", "ort")),
+    Stack("1w", 1, True, ("triton-nobatch", "triton-batch", "triton-batch-1shape", "ort", "ort-fusion", "ort-int8")),
     Stack("2w", 2, True, ("triton-nobatch", "triton-batch", "ort")),
-    Stack("2w-nostats", 2, False, ("triton-batch", "ort")),
+    Stack("1w-nostats", 1, False, ("triton-batch", "ort")),
 )
 VARIANTS = tuple(stack.variant(ep) for stack in STACKS for ep in stack.endpoints)
 
@@ -81,9 +108,17 @@ def cli(env: dict[str, str], *args: str) -> None:
 def deploy(ctx: RunContext, env: dict[str, str], endpoint: str) -> None:
     wl = ctx.workload
     model = f"bench-{endpoint}"
-    cli(env, "model", "upload", "--name", model, "--path", str(wl.onnx_path))
+    cli(env, "model", "upload", "--name", model, "--path", str(wl.onnx_path), *ENDPOINTS[endpoint].upload)
     cli(env, "model", "add", "--endpoint", endpoint, "--model", f"{model}:1", "--tokenizer", str(wl.tokenizer_dir),
-        "--labels", ",".join(wl.labels), *ENDPOINTS[endpoint][1])
+        "--labels", ",".join(wl.labels), *ENDPOINTS[endpoint].add)
+
+
+def label_agreement(worker: str, endpoint: str, reference: str, texts: list[str]) -> float:
+    """Share of texts on which ``endpoint`` predicts the label ``reference`` predicts."""
+    with httpx.Client(timeout=60) as client:
+        labels = [[client.post(f"{worker}/serve/{ep}", json={"text": t}).json()["label"] for t in texts]
+                  for ep in (endpoint, reference)]
+    return sum(a == b for a, b in zip(*labels)) / len(texts)
 
 
 def wait_serving(url: str, body: dict, timeout: float, procs: list[subprocess.Popen], streak: int = 8) -> None:
@@ -120,11 +155,15 @@ def targets(ctx: RunContext) -> Iterator[Target]:
                 url = f"{worker}/serve/{endpoint}"
                 wait_serving(url, {"text": "warm up the endpoint"}, timeout=180, procs=[proc])
                 stats = "on" if stack.statistics else "off"
+                spec = ENDPOINTS[endpoint]
                 label = (f"platform, {stack.workers} worker{'s' if stack.workers > 1 else ''}, "
-                         f"{ENDPOINTS[endpoint][0]}, statistics {stats}")
-                yield Target(stack.variant(endpoint), label, url, "text_json", procs=[proc],
-                             details={"workers": stack.workers, "statistics": stack.statistics,
-                                      "endpoint": endpoint, "options": ENDPOINTS[endpoint][1]})
+                         f"{spec.label}, statistics {stats}")
+                details = {"workers": stack.workers, "statistics": stack.statistics, "endpoint": endpoint,
+                           "options": spec.add, "upload_options": spec.upload}
+                if spec.upload and "ort" in wanted:
+                    texts = read_corpus(ctx.corpus_path)[:AGREEMENT_TEXTS]
+                    details["label_agreement"] = label_agreement(worker, endpoint, "ort", texts)
+                yield Target(stack.variant(endpoint), label, url, "text_json", procs=[proc], details=details)
 
 
 SYSTEM = System(NAME, "this platform: serving up --workers N, one endpoint per engine configuration",
