@@ -4,8 +4,9 @@ Where the CPU goes while a system serves at full load: it starts the system as
 the benchmark does, drives it with the same closed-loop client, and meanwhile
 (1) reads every process's CPU time from /proc (server processes by role, the
 load client, the rest of the box), and (2) samples the Python stacks of the
-server processes with py-spy. Prints a table and writes
-``results/profile-<workload>-<system>.{txt,svg,raw}`` (py-spy's flame graph and collapsed stacks).
+server processes with py-spy. Prints a summary and writes it to
+``results/profile-<workload>-<system>.txt``, with py-spy's collapsed stacks beside it
+(``.raw``, which speedscope.app and flamegraph.pl read as they are).
 """
 from __future__ import annotations
 
@@ -42,10 +43,14 @@ STAGES = (("inference (onnxruntime)", ("InferenceSession.run", "onnxruntime")),
 def role(pid: int) -> str:
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
         return "?"
+    if "multiprocessing" in cmd:  # a spawned child: what it is depends on who spawned it
+        parent = role(ppid)
+        return "PyTriton tensor store" if parent.startswith("embedded Triton") else f"child of {parent}"
     for needle, name in (("tritonserver", "tritonserver"), ("triton_python_backend_stub", "Triton python stub"),
-                         ("multiprocessing.spawn", "worker process"), ("serving.cli.main up", "serving up (supervisor)"),
+                         ("serving.cli.main up", "serving up (supervisor)"),
                          (" worker", "worker (with --workers N: their parent)"), (" triton", "embedded Triton (PyTriton, onnxruntime)"),
                          ("control-plane", "control plane"), ("statistics", "statistics service"),
                          ("wrk", "load client (wrk)"), ("benchmarks.loadgen", "load client (httpx)")):
@@ -87,7 +92,7 @@ def stage_shares(raw: Path) -> tuple[Counter, Counter, int]:
 
 def profile(target: Target, ctx: RunContext, seconds: float, out: Path) -> str:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    raw, svg = out.with_suffix(".raw"), out.with_suffix(".svg")
+    raw = out.with_suffix(".raw")
     spy_args = [pyspy, "record", "--pid", str(target.procs[0].pid), "--subprocesses", "--nonblocking",
                 "--rate", "100", "--duration", str(int(seconds))]
     result: dict = {}
@@ -105,8 +110,6 @@ def profile(target: Target, ctx: RunContext, seconds: float, out: Path) -> str:
         used = (ticks - before.get(pid, 0)) / TICK  # a process that started meanwhile: all of it
         if used > 0:
             by_role[role(pid)] += used
-    subprocess.run([*spy_args, "--duration", "3", "--format", "flamegraph", "--output", str(svg)],
-                   capture_output=True)
     cores = os.cpu_count() or 1
     lines = [f"{target.system} on {ctx.workload.workload.name}: {result['level'].rps:.1f} req/s at "
              f"c={ctx.mode.concurrency[0]}; {wall:.1f} s sampled, {cores} cores = {cores * wall:.1f} CPU-s", "",
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         gen.close()
     out.with_suffix(".txt").write_text(report)
     console.print(report)
-    console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.svg')}")
+    console.print(f"wrote {out.with_suffix('.txt')} and {out.with_suffix('.raw')}")
 
 
 if __name__ == "__main__":

@@ -138,14 +138,16 @@ def plot(run: RunResult, path: Path) -> None:
     fig, axes = plt.subplots(len(workloads), 2, figsize=(13, 4.5 * len(workloads)), squeeze=False)
     for row, workload in enumerate(workloads):
         ax_rps, ax_p99 = axes[row]
+        colors = iter(plt.get_cmap("tab20").colors)  # more systems than tab10 has colours
         for r in (r for r in run.results if r.workload == workload and r.levels):
             if r.system == CEILING:
                 ax_rps.axhline(r.best_rps, color="black", linestyle="--", label=f"ceiling ({r.best.name})")
                 continue
             xs = [lv.concurrency for lv in r.levels]
             style = "-o" if r.system.startswith("platform") else "--s"
-            ax_rps.plot(xs, [lv.rps for lv in r.levels], style, label=r.system)
-            ax_p99.plot(xs, [lv.p99_ms for lv in r.levels], style, label=r.system)
+            color = next(colors)
+            ax_rps.plot(xs, [lv.rps for lv in r.levels], style, label=r.system, color=color)
+            ax_p99.plot(xs, [lv.p99_ms for lv in r.levels], style, label=r.system, color=color)
         for ax, ylabel in ((ax_rps, "requests/s"), (ax_p99, "p99 latency (ms)")):
             ax.set_xscale("log", base=2)
             ax.set_xlabel("concurrent clients (closed loop)")
