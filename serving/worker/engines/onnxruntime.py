@@ -62,4 +62,3 @@ class OnnxRuntimeEngine:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False)
-
