@@ -60,9 +60,9 @@ class _RustTokenizer:
         pad = config.get("pad_token") or "[PAD]"
         pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
         pad_id = self.tok.token_to_id(pad)
+        self.pad_id = pad_id if pad_id is not None else 0
         self.tok.enable_truncation(max_length)
-        self.tok.enable_padding(pad_id=pad_id if pad_id is not None else 0, pad_token=pad,
-                                pad_to_multiple_of=multiple)
+        self.tok.enable_padding(pad_id=self.pad_id, pad_token=pad, pad_to_multiple_of=multiple)
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         # encode_batch hands even one text to a thread pool; a single text is ~25% cheaper inline
@@ -80,6 +80,7 @@ class _HfTokenizer:
 
         self.tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         self.max_length, self.multiple = max_length, multiple
+        self.pad_id = self.tok.pad_token_id or 0
 
     def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
         enc = self.tok(texts, truncation=True, max_length=self.max_length, padding=True,
@@ -113,6 +114,9 @@ class TokenizerProcessor:
         self.encode = kind(directory, max_length, pad_to_multiple_of or None)
         self.labels = labels or []
         self.output = output
+        # What pads each tensor, so an engine may batch requests of different lengths together:
+        # padded positions carry mask 0, which BERT-like models ignore.
+        self.pad_values = {"input_ids": self.encode.pad_id, "attention_mask": 0, "token_type_ids": 0}
 
     @classmethod
     def from_options(cls, directory: Path, options: dict[str, Any]) -> "TokenizerProcessor":

@@ -51,6 +51,7 @@ class WorkerSettings(CommonSettings):
     ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
+    worker_batching: bool = True     # merge concurrent requests for one Triton model into one call
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"

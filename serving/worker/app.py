@@ -57,7 +57,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
                recorder: Recorder | None = None) -> FastAPI:
     settings = settings or WorkerSettings()
     fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache", settings.resolved_artifact_dir())
-    engines = {"triton": TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s),
+    engines = {"triton": TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching),
                "onnxruntime": OnnxRuntimeEngine(fetcher.path, settings.ort_threads, settings.resolved_ort_parallel())}
     sync = ConfigSync(engines, fetcher.path, settings.home / "cache" / "unpacked")
     dataplane = DataPlane(sync, engines, recorder)

@@ -75,7 +75,7 @@ class ConfigSync:
         engine = spec.get("engine") or "triton"
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
-        targets = tuple(Target.from_snapshot(t) for t in spec.get("targets") or ())
+        targets = tuple(Target.from_snapshot(t, spec.get("batching")) for t in spec.get("targets") or ())
         if not targets:
             raise ValueError("the endpoint has no model version")
         if engine in self.engines:

@@ -112,7 +112,8 @@ class DataPlane:
             if ep.engine == "custom":
                 data = await ep.processor.process(data, state, stats.collect)
             else:
-                target, outputs = await self._run(ep, target, data, pinned=version is not None)
+                target, outputs = await self._run(ep, target, data, pinned=version is not None,
+                                                  pad=getattr(ep.processor, "pad_values", None))
                 stats.version = target.version
                 data = outputs if ep.processor.outputs_form == "dict" else clearml_outputs(outputs, list(outputs))
             stats.stage("inference")
@@ -153,18 +154,18 @@ class DataPlane:
         finally:
             self._record(stats, status)
 
-    async def _run(self, ep: EndpointRuntime, target: Target, data: Any,
-                   pinned: bool) -> tuple[Target, dict[str, np.ndarray]]:
+    async def _run(self, ep: EndpointRuntime, target: Target, data: Any, pinned: bool,
+                   pad: Mapping[str, int] | None = None) -> tuple[Target, dict[str, np.ndarray]]:
         """Run the routed version; while a freshly added canary is still loading, its share goes
         to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails)."""
         engine = self.engines[ep.engine]
         try:
-            return target, await engine.infer(target, to_model_inputs(data, target.inputs))
+            return target, await engine.infer(target, to_model_inputs(data, target.inputs), pad)
         except ModelNotReady:
             fallback = next((t for t in ep.targets if t is not target and t.weight > 0), None)
             if pinned or fallback is None:
                 raise
-            return fallback, await engine.infer(fallback, to_model_inputs(data, fallback.inputs))
+            return fallback, await engine.infer(fallback, to_model_inputs(data, fallback.inputs), pad)
 
     def reject(self, name: str, status: int) -> None:
         """Count a request a front end refused before inference (bad JSON, body too large), so error

@@ -23,13 +23,15 @@ class Target:
     artifact: str
     inputs: tuple[dict, ...]
     outputs: tuple[dict, ...]
+    max_batch: int = 0  # the endpoint's Triton max_batch_size: 0 means no batching
 
     @classmethod
-    def from_snapshot(cls, t: dict[str, Any]) -> "Target":
+    def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None) -> "Target":
         sig = t.get("signature") or {}
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
                    triton_name=t["triton_name"], artifact=t.get("artifact", ""),
-                   inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()))
+                   inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
+                   max_batch=int((batching or {}).get("max_batch_size") or 0))
 
     @property
     def output_names(self) -> list[str]:

@@ -82,6 +82,23 @@ def test_serve_through_triton_matches_onnxruntime(stack, tiny_model):
     np.testing.assert_allclose(got, reference_logits(tiny_model, texts), atol=1e-4)
 
 
+def test_concurrent_requests_of_different_lengths_batched_in_the_worker_match_onnxruntime(stack, tiny_model):
+    """32 texts of 1 to 60 words at once: the worker merges what queues behind a Triton call into one
+    padded request (serving/worker/batcher.py); each answer must still be its own text's logits."""
+    words = TEXT.split()
+    texts = [" ".join(words[j % len(words)] for j in range(1 + (7 * i) % 60)) for i in range(32)]
+    url = f"{stack.worker_url(0)}/serve/clf"
+
+    async def all_at_once() -> list[list[float]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            responses = await asyncio.gather(*(client.post(url, json={"text": t}) for t in texts))
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses if r.status_code != 200]
+        return [r.json()["logits"] for r in responses]
+
+    expected = np.concatenate([reference_logits(tiny_model, [t]) for t in texts])
+    np.testing.assert_allclose(np.array(asyncio.run(all_at_once())), expected, atol=1e-4)
+
+
 def test_tritonclient_http_against_worker_v2(stack, tiny_model):
     tok = AutoTokenizer.from_pretrained(str(tiny_model.tokenizer_dir))
     enc = tok([TEXT], return_tensors="np")

@@ -1,7 +1,7 @@
 """What the data plane needs from a tensor engine."""
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -15,7 +15,10 @@ class Engine(Protocol):
     def retain(self, targets: Iterable[Target]) -> None:
         """Drop whatever serves targets no longer in the config."""
 
-    async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+    async def infer(self, target: Target, inputs: dict[str, np.ndarray],
+                    pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """``pad``: a pad value per input when the inputs are token sequences that may be padded
+        (the tokenizer preprocessor's); an engine that batches across requests may use it."""
 
     async def ready(self, target: Target) -> bool: ...
 

@@ -13,7 +13,7 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class OnnxRuntimeEngine:
             for artifact in set(self._sessions) - keep:
                 del self._sessions[artifact]
 
-    async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, target: Target, inputs: dict[str, np.ndarray],
+                    pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         session = self._sessions.get(target.artifact)
         if session is None:
             raise ModelNotReady(f"model {target.model}:{target.version} is still loading")

@@ -9,13 +9,14 @@ each failure is a 503 with ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from serving.worker.batcher import MicroBatcher
 from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable
 from serving.worker.runtime import Target
 
@@ -35,10 +36,12 @@ def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
 
 
 class TritonEngine:
-    def __init__(self, url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 30.0, batching: bool = True) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.batching = batching  # merge concurrent requests in the worker (serving/worker/batcher.py)
         self._client: grpc_aio.InferenceServerClient | None = None
+        self._batchers: dict[str, MicroBatcher] = {}  # by Triton model name
 
     def client(self) -> grpc_aio.InferenceServerClient:
         if self._client is None:
@@ -49,9 +52,20 @@ class TritonEngine:
         """Triton holds the models; nothing to load here."""
 
     def retain(self, targets: Iterable[Target]) -> None:
-        pass
+        keep = {t.triton_name for t in targets}
+        self._batchers = {name: b for name, b in self._batchers.items() if name in keep}
 
-    async def infer(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, target: Target, inputs: dict[str, np.ndarray],
+                    pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        if not self.batching or target.max_batch <= 1:
+            return await self._call(target, inputs)
+        batcher = self._batchers.get(target.triton_name)
+        if batcher is None:
+            batcher = self._batchers[target.triton_name] = MicroBatcher(lambda merged: self._call(target, merged),
+                                                            target.max_batch, target.outputs)
+        return await batcher.submit(inputs, pad)
+
+    async def _call(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = []
         for name, array in inputs.items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
