@@ -51,7 +51,8 @@ def role(pid: int) -> str:
         return "PyTriton tensor store" if parent.startswith("embedded Triton") else f"child of {parent}"
     for needle, name in (("tritonserver", "tritonserver"), ("triton_python_backend_stub", "Triton python stub"),
                          ("serving.cli.main up", "serving up (supervisor)"),
-                         (" worker", "worker (with --workers N: their parent)"), (" triton", "embedded Triton (PyTriton, onnxruntime)"),
+                         (" worker", "worker (with --workers N: their parent)"),
+                         (" triton", "embedded Triton (PyTriton, onnxruntime)"),
                          ("control-plane", "control plane"), ("statistics", "statistics service"),
                          ("wrk", "load client (wrk)"), ("benchmarks.loadgen", "load client (httpx)")):
         if needle in cmd:

@@ -51,9 +51,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "triton-nobatch": Endpoint("engine triton, dynamic batching off", ["--engine", "triton", "--max-batch-size", "0"]),
     "triton-batch": Endpoint("engine triton, dynamic batching on", [
         "--engine", "triton", "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", str(QUEUE_DELAY_US)]),
-    # Triton's batcher closes a batch at the first queued request of another shape, so with the default
-    # 16-token length buckets requests of mixed lengths rarely share a batch; one bucket (pad every
-    # text to the truncation length) lets them, at the price of computing the padding.
+    # Triton's batcher closes a batch at the first queued request of another shape; one bucket (every
+    # text padded to the truncation length) lets it batch everything, at the price of computing the
+    # padding. Kept beside triton-batch, whose worker-side batching pads to the longest instead.
     "triton-batch-1shape": Endpoint("engine triton, dynamic batching on, one shape (--pad-to-multiple-of 128)", [
         "--engine", "triton", "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", str(QUEUE_DELAY_US),
         "--pad-to-multiple-of", str(MAX_LENGTH)]),
