@@ -4,16 +4,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.orm.exc import StaleDataError
 
 from registry import schemas
 from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.db import make_engine, session_factory, upgrade
 from registry.orm import Endpoint, ModelVersion
+from registry.schemas import MAX_VERSION
 from registry.service import NotFound, Registry, RegistryError
 from registry.signature import SignatureError
 from serving.settings import ControlPlaneSettings
@@ -46,7 +50,15 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     sessions = session_factory(engine)
     store = ArtifactStore(settings.resolved_artifact_dir())
     broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store))
-    registry = Registry(sessions, store, on_change=broadcaster.refresh)
+    refresh_lock = threading.Lock()
+
+    def refresh() -> None:
+        # Writes commit on many threads at once; one refresh at a time, each reading after the
+        # commit that called it, so the pushed snapshot never goes back to an older revision.
+        with refresh_lock:
+            broadcaster.refresh()
+
+    registry = Registry(sessions, store, on_change=refresh)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -81,6 +93,31 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(SignatureError)
     async def signature_error(_req: Request, exc: SignatureError):
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_req: Request, exc: RequestValidationError):
+        # FastAPI's own handler echoes the input, and a NaN in it cannot be written as JSON (a 500).
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": e.get("type")}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(IntegrityError)
+    @app.exception_handler(StaleDataError)
+    async def conflict(_req: Request, exc: Exception):
+        log.warning("write conflict: %s", exc)
+        return JSONResponse({"detail": "the change conflicts with a concurrent change; "
+                                       "read the current state and try again"}, status_code=409)
+
+    @app.exception_handler(DataError)
+    async def bad_data(_req: Request, exc: DataError):
+        return JSONResponse({"detail": f"the database refused a value: {str(exc.orig).splitlines()[0]}"},
+                            status_code=422)
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_req: Request, exc: OperationalError):
+        log.warning("database unavailable: %s", exc)
+        return JSONResponse({"detail": "the registry database is busy or unreachable; try again"},
+                            status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def unexpected(_req: Request, exc: Exception):
@@ -122,7 +159,7 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
         return [model_out(m) for m in registry.list_models(name)]
 
     @app.delete("/models/{name}")
-    def remove_model(name: str, version: int | None = Query(None)):
+    def remove_model(name: str, version: int | None = Query(None, ge=1, le=MAX_VERSION)):
         return {"removed": registry.remove_model(name, version)}
 
     @app.post("/endpoints", status_code=201)

@@ -6,14 +6,31 @@ can cache artifacts forever and the registry only stores hashes.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import AsyncIterator
 
 from serving.artifact_client import shard_path
 
+log = logging.getLogger(__name__)
+
 HEX = set("0123456789abcdef")
+UPLOAD_PREFIX = ".upload-"
+STALE_TEMP_S = 6 * 3600  # a temp file this old is left over whoever wrote it
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def is_sha256(text: str) -> bool:
@@ -24,6 +41,34 @@ class ArtifactStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self.remove_interrupted_uploads()
+
+    def _upload_prefix(self) -> str:
+        """``.upload-<host>-<pid>-``: a restarted control plane can tell its dead predecessor's
+        temp files from those of another replica uploading into the same shared directory."""
+        host = socket.gethostname().replace("-", "_")[:64] or "host"
+        return f"{UPLOAD_PREFIX}{host}-{os.getpid()}-"
+
+    def remove_interrupted_uploads(self) -> list[Path]:
+        """Temp files of uploads whose process died (kill -9, power loss) are never renamed into
+        place; remove them at start: those of dead processes on this host, and any old one."""
+        host = socket.gethostname().replace("-", "_")[:64] or "host"
+        removed = []
+        for path in [*self.root.glob(f"{UPLOAD_PREFIX}*"), *self.root.glob("??/*.tmp")]:
+            parts = path.name[len(UPLOAD_PREFIX):].split("-") if path.name.startswith(UPLOAD_PREFIX) else []
+            mine = len(parts) >= 3 and parts[0] == host and parts[1].isdigit()
+            try:
+                old = time.time() - path.stat().st_mtime > STALE_TEMP_S
+                if old or (mine and not _pid_alive(int(parts[1]))) or (path.name.startswith(UPLOAD_PREFIX)
+                                                                         and len(parts) < 3):
+                    path.unlink()
+                    removed.append(path)
+            except FileNotFoundError:
+                continue
+        if removed:
+            log.warning("removed %d temp file(s) of interrupted uploads: %s", len(removed),
+                        ", ".join(p.name for p in removed))
+        return removed
 
     def path(self, sha256: str) -> Path:
         return shard_path(self.root, sha256)
@@ -34,7 +79,7 @@ class ArtifactStore:
     async def put_stream(self, chunks: AsyncIterator[bytes], max_bytes: int | None = None) -> tuple[str, int]:
         """Stream to a temp file while hashing, then rename into place (never half-written)."""
         digest, size = hashlib.sha256(), 0
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=self._upload_prefix())
         try:
             with os.fdopen(fd, "wb") as f:
                 async for chunk in chunks:

@@ -1,11 +1,26 @@
 """Pydantic models at the control plane's HTTP edge."""
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+MAX_VERSION = 2**31 - 1  # model versions are 32-bit integers in the database
+
+
+def finite_json(value: Any, where: str) -> Any:
+    """JSON stored as is must be JSON: NaN and Infinity are not (PostgreSQL refuses them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must not contain NaN or Infinity")
+    if isinstance(value, dict):
+        for v in value.values():
+            finite_json(v, where)
+    elif isinstance(value, list):
+        for v in value:
+            finite_json(v, where)
+    return value
 
 
 class TensorSpec(BaseModel):
@@ -26,6 +41,11 @@ class ModelCreate(BaseModel):
     signature: Signature | None = Field(None, description="inferred from the ONNX file when omitted")
     tags: list[str] = []
     metadata: dict[str, Any] = {}
+
+    @field_validator("metadata")
+    @classmethod
+    def _finite(cls, m: dict[str, Any]) -> dict[str, Any]:
+        return finite_json(m, "metadata")
 
 
 class ModelOut(BaseModel):
@@ -64,11 +84,12 @@ class EndpointDeploy(BaseModel):
 
     endpoint: str = Field(pattern=NAME)
     model: str
-    version: int | None = Field(None, description="latest when omitted")
+    version: int | None = Field(None, ge=1, le=MAX_VERSION, description="latest when omitted")
     engine: Literal["triton", "onnxruntime", "custom"] = "triton"
     preprocess: PreprocessSpec | None = None
     batching: Batching | None = None
-    canary: float | None = Field(None, gt=0, lt=100, description="percent of traffic for this version")
+    canary: float | None = Field(None, gt=0, lt=100, allow_inf_nan=False,
+                                 description="percent of traffic for this version")
 
 
 class CanaryWeights(BaseModel):
@@ -79,6 +100,10 @@ class CanaryWeights(BaseModel):
     def _valid(cls, w: dict[int, float]) -> dict[int, float]:
         if not w:
             raise ValueError("weights must name at least one version")
+        if any(not 1 <= k <= MAX_VERSION for k in w):
+            raise ValueError(f"versions must be between 1 and {MAX_VERSION}")
+        if any(not math.isfinite(v) for v in w.values()):
+            raise ValueError("weights must be finite numbers (no NaN or Infinity)")
         if any(v < 0 for v in w.values()):
             raise ValueError("weights must not be negative")
         if abs(sum(w.values()) - 100.0) > 1e-6:
@@ -102,4 +127,4 @@ class MetricCreate(BaseModel):
 
 
 class LogFreq(BaseModel):
-    log_freq: float = Field(ge=0.0, le=1.0)
+    log_freq: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)

@@ -2,16 +2,27 @@
 so a snapshot's revision always names exactly one state of the registry."""
 from __future__ import annotations
 
+import logging
+import random
+import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.orm import Session, object_session, selectinload, sessionmaker
 
 from registry import schemas
 from registry.artifacts import ArtifactStore
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
 from registry.signature import onnx_signature
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_VERSION = 2**31 - 1  # model_versions.version is a 32-bit integer on PostgreSQL
+WRITE_ATTEMPTS = 30  # a write that loses a race is run again from the start, this many times at most
 
 
 class RegistryError(Exception):
@@ -26,6 +37,17 @@ class Conflict(RegistryError):
     status = 409
 
 
+def _retriable(exc: Exception) -> bool:
+    """A lost race, not a bad request: a unique key taken meanwhile, a row changed or deleted
+    under us, SQLite's write lock busy, PostgreSQL's serialization/deadlock errors."""
+    if isinstance(exc, (IntegrityError, StaleDataError)):
+        return True
+    if isinstance(exc, OperationalError):
+        text = str(exc.orig).lower()
+        return any(m in text for m in ("database is locked", "deadlock", "could not serialize", "busy"))
+    return False
+
+
 @dataclass
 class Registry:
     sessions: sessionmaker
@@ -38,10 +60,46 @@ class Registry:
             return _revision(s)
 
     def _commit(self, s: Session) -> None:
+        if not s.info.pop("revision_bumped", False):
+            self._bump(s)
+        s.commit()
+        try:
+            self.on_change()
+        except Exception:  # committed: the periodic refresh will push it; the client must not see a 500
+            log.exception("config refresh after a change failed")
+
+    @staticmethod
+    def _bump(s: Session) -> None:
         if s.execute(update(ConfigState).values(revision=ConfigState.revision + 1)).rowcount == 0:
             s.add(ConfigState(id=1, revision=1))
-        s.commit()
-        self.on_change()
+            s.flush()
+
+    def _write(self, action: Callable[[Session], T], what: str) -> T:
+        """Run ``action`` in one write transaction that takes the registry's write lock first.
+
+        The revision row is bumped before anything is read, so writers queue on it (a row lock
+        on PostgreSQL, the write lock on SQLite) and each one reads what the previous committed:
+        version numbers are allocated in the database without gaps or duplicates, and a
+        promote racing another promote sees it and answers 409 instead of deleting a row twice.
+        Should a race slip through anyway (another replica, an older control plane), the
+        transaction is rolled back and run again; a conflict that persists is a 409.
+        """
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                with self.sessions() as s:
+                    self._bump(s)
+                    s.info["revision_bumped"] = True
+                    result = action(s)
+                    self._commit(s)
+                    return result
+            except RegistryError:
+                raise
+            except (IntegrityError, StaleDataError, OperationalError) as exc:
+                if not _retriable(exc):
+                    raise
+                log.info("%s lost a race (attempt %d): %s", what, attempt + 1, type(exc).__name__)
+                time.sleep(random.uniform(0.005, 0.05) * min(attempt + 1, 10))
+        raise Conflict(f"{what} kept conflicting with concurrent changes; try again")
 
     # --- models ---------------------------------------------------------------
     def add_model(self, req: schemas.ModelCreate) -> ModelVersion:
@@ -54,15 +112,21 @@ class Registry:
             signature = onnx_signature(path)
         else:
             signature = {"inputs": [], "outputs": []}
-        with self.sessions() as s:
-            latest = s.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.name == req.name))
+        size = path.stat().st_size
+
+        def create(s: Session) -> ModelVersion:
+            latest = s.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.name == req.name)) or 0
+            if latest >= MAX_VERSION:
+                raise Conflict(f"model {req.name} has reached the last version number ({MAX_VERSION})")
             mv = ModelVersion(
-                name=req.name, version=(latest or 0) + 1, framework=req.framework, sha256=req.artifact,
-                size=path.stat().st_size, signature=signature, tags=req.tags, meta=req.metadata,
+                name=req.name, version=latest + 1, framework=req.framework, sha256=req.artifact,
+                size=size, signature=signature, tags=req.tags, meta=req.metadata,
             )
             s.add(mv)
-            self._commit(s)
+            s.flush()  # a version taken meanwhile fails here, inside the retry
             return mv
+
+        return self._write(create, f"adding a version of model {req.name}")
 
     def list_models(self, name: str | None = None) -> list[ModelVersion]:
         with self.sessions() as s:
@@ -72,7 +136,7 @@ class Registry:
             return list(s.scalars(q))
 
     def remove_model(self, name: str, version: int | None) -> int:
-        with self.sessions() as s:
+        def remove(s: Session) -> int:
             q = select(ModelVersion).where(ModelVersion.name == name)
             if version is not None:
                 q = q.where(ModelVersion.version == version)
@@ -86,8 +150,10 @@ class Registry:
                 raise Conflict(f"model {name} is deployed on endpoint(s) {', '.join(in_use)}; remove it there first")
             for m in models:
                 s.delete(m)
-            self._commit(s)
+            s.flush()
             return len(models)
+
+        return self._write(remove, f"removing model {name}")
 
     # --- endpoints --------------------------------------------------------------
     def deploy(self, req: schemas.EndpointDeploy) -> Endpoint:
@@ -117,7 +183,7 @@ class Registry:
             raise NotFound(f"preprocess artifact {pre.artifact} was not uploaded")
 
     def set_weights(self, name: str, req: schemas.CanaryWeights) -> Endpoint:
-        with self.sessions() as s:
+        def weigh(s: Session) -> None:
             ep = self._endpoint(s, name)
             by_version = {t.model.version: t for t in ep.targets}
             unknown = sorted(set(req.weights) - set(by_version))
@@ -125,8 +191,10 @@ class Registry:
                 raise NotFound(f"endpoint {name} has no target version(s) {unknown}; it routes {sorted(by_version)}")
             for version, target in by_version.items():
                 target.weight = float(req.weights.get(version, 0.0))
-            self._commit(s)
-            return self._endpoint(s, name)
+            s.flush()
+
+        self._write(weigh, f"setting the weights of endpoint {name}")
+        return self.get_endpoint(name)
 
     def promote(self, name: str) -> Endpoint:
         """The canary becomes the only (stable) target."""
@@ -137,7 +205,7 @@ class Registry:
         return self._keep(name, "stable")
 
     def _keep(self, name: str, role: str) -> Endpoint:
-        with self.sessions() as s:
+        def keep_only(s: Session) -> None:
             ep = self._endpoint(s, name)
             keep = [t for t in ep.targets if t.role == role]
             if not keep or len(ep.targets) < 2:
@@ -146,8 +214,10 @@ class Registry:
                 if t is not keep[-1]:
                     ep.targets.remove(t)
             keep[-1].role, keep[-1].weight = "stable", 100.0
-            self._commit(s)
-            return self._endpoint(s, name)
+            s.flush()
+
+        self._write(keep_only, f"{'promoting' if role == 'canary' else 'rolling back'} endpoint {name}")
+        return self.get_endpoint(name)
 
     def list_endpoints(self) -> list[Endpoint]:
         with self.sessions() as s:
@@ -165,9 +235,11 @@ class Registry:
             self._commit(s)
 
     def set_log_freq(self, name: str, freq: float) -> None:
-        with self.sessions() as s:
+        def set_freq(s: Session) -> None:
             self._endpoint(s, name).log_freq = freq
-            self._commit(s)
+            s.flush()
+
+        self._write(set_freq, f"setting the log frequency of endpoint {name}")
 
     # --- metric definitions -----------------------------------------------------------
     def add_metric(self, endpoint: str, req: schemas.MetricCreate) -> None:
