@@ -11,6 +11,7 @@ import os
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
+import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 
@@ -38,11 +39,44 @@ def _error_handlers(app: FastAPI) -> None:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return json_response({"error": problems}, status_code=422)
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unexpected error on %s", request.url.path)
-        return json_response({"error": f"internal error ({type(exc).__name__}); see the worker log"},
-                              status_code=500)
+
+
+class LastResort:
+    """The handler of last resort, an ASGI layer just inside Starlette's ServerErrorMiddleware.
+
+    A bug must cost one request, not the connection: Starlette's own 500 path re-raises after
+    answering, and the server then drops the connection without saying so, so a keep-alive
+    client's next request gets nothing. Here the exception stops: a one-line JSON 500 with
+    ``Connection: close`` (the request body may be half read), the traceback in the log, and a
+    count in ``/status`` (``internal_errors``).
+    """
+
+    def __init__(self, app: Any, counts: dict[str, int]) -> None:
+        self.app, self.counts = app, counts
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            self.counts["internal_errors"] = self.counts.get("internal_errors", 0) + 1
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if started:  # too late for a status: the server closes the connection
+                raise
+            body = orjson.dumps({"error": f"internal error ({type(exc).__name__}); see the worker log"})
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
 
 
 def _start_recorder(settings: WorkerSettings, sync: ConfigSync) -> Any:
@@ -81,6 +115,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app = FastAPI(title="serving worker", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.dataplane = dataplane
     _error_handlers(app)
+    counts: dict[str, int] = {"internal_errors": 0}
+    app.add_middleware(LastResort, counts=counts)
     app.include_router(serve_router(dataplane, settings.max_body_bytes))
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
 
@@ -88,6 +124,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     def status() -> dict:
         config = sync.current
         return {"revision": config.revision, "pid": os.getpid(), "errors": dict(config.errors),
+                "internal_errors": counts["internal_errors"],
                 "endpoints": {n: {"engine": ep.engine, "preprocess": ep.preprocess_kind,
                                   "versions": [{"version": t.version, "weight": t.weight} for t in ep.targets]}
                               for n, ep in config.endpoints.items()}}

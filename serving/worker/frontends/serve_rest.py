@@ -11,9 +11,13 @@ VERSION_HEADER = "X-Model-Version"
 ROUTING_HEADER = "X-Routing-Key"
 
 
+MAX_VERSION = 2**31 - 1  # as in the registry
+
+
 def parse_version(text: str) -> int:
-    if not text.isdigit():
-        raise NotFound(f"model version must be a positive integer, got {text!r}")
+    """ASCII digits only: str.isdigit() also takes '¹' or '٣', which int() then refuses."""
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_VERSION:
+        raise NotFound(f"model version must be an integer from 1 to {MAX_VERSION}, got {text!r}")
     return int(text)
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 
 from serving import __version__
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import ServingError, Unavailable
+from serving.worker.errors import NotFound, ServingError, Unavailable
 from serving.worker.frontends.body import json_response, read_body
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
@@ -40,6 +40,8 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
 
     def metadata(name: str, version: str | None) -> dict:
         ep = dataplane.endpoint(name)
+        if not ep.targets:
+            raise NotFound(f"endpoint {name!r} serves no model version; it has no tensor metadata")
         target: Target = dataplane.route(ep, parse_version(version), None) if version else ep.targets[0]
         return {"name": name, "versions": [str(t.version) for t in ep.targets], "platform": ep.engine,
                 "inputs": _tensors(target.inputs), "outputs": _tensors(target.outputs)}
