@@ -15,6 +15,10 @@ class PreprocessError(ValueError):
     """The request body cannot be turned into model input; the client gets a 422 with this message."""
 
 
+class UserCodeTimeout(PreprocessError):
+    """User code ran past the endpoint's deadline: a 504, and the worker stops waiting for it."""
+
+
 class Processor(Protocol):
     """One endpoint's preprocessing, shared by all the endpoint's model versions.
 

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from preprocess.base import Processor
 from preprocess.passthrough import PassthroughProcessor
 from preprocess.tokenizer import TokenizerProcessor
-from preprocess.user_code import UserCodeError, UserProcessor
+from preprocess.requirements import ensure_installed
+from preprocess.user_code import UserCodeError, UserContext, UserProcessor
 
 
 def pack_directory(path: Path) -> bytes:
@@ -38,14 +39,17 @@ def unpack_tokenizer(archive: Path, dest_root: Path) -> Path:
 
 
 def build_processor(spec: dict[str, Any], artifact_path: Callable[[str], Path], unpack_root: Path,
-                    model_file: Path | None = None) -> Processor:
-    """``model_file`` goes to ``Preprocess.load`` for custom engines, as in ClearML Serving."""
+                    context: UserContext | None = None) -> Processor:
+    """``context``: what user code gets from the worker (model file for ``load``, ``send_request``)."""
     kind = spec.get("kind") or "none"
     options = spec.get("options") or {}
     if kind == "tokenizer":
         return TokenizerProcessor.from_options(unpack_tokenizer(artifact_path(spec["artifact"]), unpack_root), options)
     if kind == "user":
-        return UserProcessor(artifact_path(spec["artifact"]), model_file)
+        ensure_installed(list(options.get("requirements") or []), unpack_root.parent / "packages")
+        if options.get("timeout_s") and context is not None:
+            context.timeout_s = float(options["timeout_s"])
+        return UserProcessor(artifact_path(spec["artifact"]), context)
     if kind == "none":
         return PassthroughProcessor()
     raise UserCodeError(f"unknown preprocess kind {kind!r}")

@@ -27,24 +27,33 @@ def numpy_dtype(triton_dtype: str) -> Any:
         raise PreprocessError(f"unsupported datatype {triton_dtype!r}") from None
 
 
-def _as_dict(data: Any, specs: Sequence[dict]) -> dict[str, Any]:
-    names = [s["name"] for s in specs]
+def _as_dict(data: Any, specs: Sequence[dict], declared: Sequence[dict]) -> dict[str, Any]:
+    """Bind what preprocess returned to input names: a dict by its keys, a list by the declared
+    names (``--input-name``), in that order; never by the model's input order, which need not be
+    the order the user's code produces (a silent swap of two same-shaped inputs is a wrong answer)."""
+    names = [d["name"] for d in declared] or [s["name"] for s in specs]
     if isinstance(data, dict):
         missing = [n for n in names if n not in data]
         if missing:
             raise PreprocessError(f"missing model input(s) {missing}; the model takes {names}")
         return {n: data[n] for n in names}
-    if isinstance(data, np.ndarray) or not isinstance(data, (list, tuple)):
-        data = [data]
-    elif len(specs) == 1 and data and not isinstance(data[0], (np.ndarray, list, tuple)):
-        data = [data]  # a flat list is one tensor, not one scalar per input
+    if len(names) == 1:  # one input: the whole value is its tensor, as in ClearML Serving
+        if isinstance(data, (list, tuple)) and len(data) == 1 and isinstance(data[0], np.ndarray):
+            data = data[0]
+        return {names[0]: data}
+    if not isinstance(data, (list, tuple)):
+        raise PreprocessError(f"preprocess returned one tensor; the model takes {len(names)} inputs {names}: "
+                              "return a dict {input name: tensor}")
+    if not declared:
+        raise PreprocessError(f"preprocess returned a list of {len(data)} tensors and the endpoint declares no "
+                              f"input names; the model takes {names}: return a dict {{input name: tensor}}, or "
+                              "deploy with --input-name naming the list's tensors in order")
     if len(data) != len(names):
-        raise PreprocessError(f"got {len(data)} tensor(s), the model takes {len(names)}: {names}")
+        raise PreprocessError(f"preprocess returned {len(data)} tensor(s); the endpoint declares {len(names)}: {names}")
     return dict(zip(names, data))
 
 
-def _cast(name: str, value: Any, spec: dict) -> np.ndarray:
-    dtype = numpy_dtype(spec["dtype"])
+def _array(name: str, value: Any, dtype: Any, label: str) -> np.ndarray:
     try:
         array = np.asarray(value)
         if array.dtype == object and dtype is not np.object_:
@@ -54,9 +63,31 @@ def _cast(name: str, value: Any, spec: dict) -> np.ndarray:
         if dtype is not np.object_ and array.dtype.kind == "f" and np.dtype(dtype).kind in "iu":
             if not np.all(np.mod(array, 1) == 0):
                 raise ValueError("non-integer values for an integer tensor")
-        array = array.astype(dtype, copy=False)
+        return array.astype(dtype, copy=False)
     except (TypeError, ValueError) as exc:
-        raise PreprocessError(f"input {name!r}: cannot make a {spec['dtype']} tensor ({exc})") from None
+        raise PreprocessError(f"input {name!r}: cannot make a {label} tensor ({exc})") from None
+
+
+def _fits(shape: tuple[int, ...], expected: Sequence[int]) -> bool:
+    return len(shape) == len(expected) and all(e < 0 or e == s for s, e in zip(shape, expected))
+
+
+def _fit_declared(name: str, array: np.ndarray, shape: Sequence[int] | None) -> np.ndarray:
+    """The declared size is the tensor's shape; a tensor with exactly as many values as a fixed
+    declared shape takes it (ClearML's Keras example sends a 28x28 image to a 784-wide input)."""
+    if not shape or _fits(array.shape, shape):
+        return array
+    per_row = int(np.prod([d for d in shape[1:]])) if shape[0] < 0 else 0
+    if all(d > 0 for d in shape) and array.size == int(np.prod(shape)):
+        return array.reshape(shape)
+    if shape[0] < 0 and all(d > 0 for d in shape[1:]) and per_row and array.size % per_row == 0:
+        return array.reshape(-1, *shape[1:])
+    want = "[" + ", ".join("-1" if d < 0 else str(d) for d in shape) + "]"
+    raise PreprocessError(f"input {name!r} has shape {list(array.shape)}, the endpoint declares {want} (-1: any)")
+
+
+def _cast(name: str, value: Any, spec: dict, declared_shape: Sequence[int] | None = None) -> np.ndarray:
+    array = _fit_declared(name, _array(name, value, numpy_dtype(spec["dtype"]), spec["dtype"]), declared_shape)
     _check_shape(name, array.shape, spec.get("shape") or [])
     return array
 
@@ -64,22 +95,32 @@ def _cast(name: str, value: Any, spec: dict) -> np.ndarray:
 def _check_shape(name: str, shape: tuple[int, ...], expected: list[int]) -> None:
     if not expected:
         return
-    if len(shape) != len(expected) or any(e >= 0 and e != s for s, e in zip(shape, expected)):
+    if not _fits(shape, expected):
         want = "[" + ", ".join("-1" if e < 0 else str(e) for e in expected) + "]"
         raise PreprocessError(f"input {name!r} has shape {list(shape)}, the model expects {want} (-1: any)")
 
 
-def to_model_inputs(data: Any, specs: Sequence[dict]) -> dict[str, np.ndarray]:
+def to_model_inputs(data: Any, specs: Sequence[dict], declared: Sequence[dict] = ()) -> dict[str, np.ndarray]:
     """Tensors for the model's inputs, in signature order, with the signature's dtypes.
 
-    Without a signature (a custom framework) the data passes through as given."""
+    ``declared``: the endpoint's declared inputs (name, dtype, whole shape), in the order a
+    returned list is bound. Without a signature (a custom framework) the data passes through."""
     if not specs:
         return data if isinstance(data, dict) else {"input": np.asarray(data)}
-    return {name: _cast(name, value, spec) for (name, value), spec in zip(_as_dict(data, specs).items(), specs)}
+    bound = _as_dict(data, specs, declared)
+    shapes = {d["name"]: d.get("shape") for d in declared}
+    return {s["name"]: _cast(s["name"], bound[s["name"]], s, shapes.get(s["name"])) for s in specs}
 
 
-def clearml_outputs(outputs: dict[str, np.ndarray], names: Sequence[str]) -> Any:
-    """What ClearML Serving hands ``postprocess``: one output as an array, several as a list."""
-    if len(names) == 1:
-        return outputs[names[0]]
-    return [outputs[n] for n in names]
+def clearml_outputs(outputs: dict[str, np.ndarray], declared: Sequence[dict] = ()) -> Any:
+    """What ClearML Serving hands ``postprocess``: one output as an array, several as a list, in the
+    declared order (``--output-name``) or the model's, as the declared type (``--output-type``)."""
+    if not declared:
+        values = list(outputs.values())
+    else:
+        missing = [d["name"] for d in declared if d["name"] not in outputs]
+        if missing:
+            raise PreprocessError(f"the model returned no output(s) {missing}; it returned {list(outputs)}")
+        values = [outputs[d["name"]] if not d.get("dtype") or d["dtype"] == "BYTES"
+                  else np.asarray(outputs[d["name"]]).astype(numpy_dtype(d["dtype"]), copy=False) for d in declared]
+    return values[0] if len(values) == 1 else values

@@ -2,23 +2,31 @@
 
 The file defines a class ``Preprocess`` with ``preprocess(body, state,
 collect_custom_statistics_fn)``, ``postprocess(data, state, collect_custom_statistics_fn)``,
-optionally ``process(data, state, collect_custom_statistics_fn)`` (custom engine) and
-``load(local_file_name)``; any of them may be ``async``. Synchronous user code runs
-in a thread so a slow ``preprocess`` cannot stall the worker's event loop, and any
+optionally ``process(data, state, collect_custom_statistics_fn)`` (custom engines) and
+``load(local_file_name)``; any of them may be ``async``. As in ClearML Serving,
+``model_endpoint`` and ``send_request`` are set on the instance before ``load`` runs,
+and what ``load`` returns is kept as the model (``loaded``) for in-process engines.
+
+Synchronous user code runs on the processor's own threads, so a slow endpoint
+cannot starve another one's, and past its deadline the client gets a 504; any
 exception it raises becomes a 422 naming the step, never a traceback to the client.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.machinery
 import importlib.util
 import inspect
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
-from preprocess.base import Collect, PreprocessError
+from preprocess.base import Collect, PreprocessError, UserCodeTimeout
 
 
 class UserCodeError(RuntimeError):
@@ -41,18 +49,36 @@ def load_module(path: Path) -> Any:
     return module
 
 
+@dataclass
+class UserContext:
+    """What the worker hands user code besides the file: ClearML Serving's runtime hooks."""
+
+    model_file: Path | None = None
+    endpoint: dict[str, Any] = field(default_factory=dict)  # becomes ``self.model_endpoint``
+    send_request: Callable[..., Any] | None = None  # replaces ``Preprocess.send_request``
+    timeout_s: float = 60.0  # deadline of one call into user code
+    threads: int = 8  # this processor's own threads
+
+
 class UserProcessor:
     outputs_form = "clearml"
 
-    def __init__(self, path: Path, model_file: Path | None = None) -> None:
+    def __init__(self, path: Path, context: UserContext | None = None) -> None:
+        context = context or UserContext()
+        self.timeout_s = context.timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=max(1, context.threads), thread_name_prefix="user-code")
         module = load_module(path)
         cls = getattr(module, "Preprocess", None)
         if cls is None:
             raise UserCodeError("preprocess.py defines no class named Preprocess")
         try:
             self.user = cls()
-            if model_file is not None and hasattr(self.user, "load"):
-                self.user.load(str(model_file))
+            self.user.model_endpoint = SimpleNamespace(**context.endpoint)
+            if context.send_request is not None:
+                self.user.send_request = context.send_request
+            load = getattr(self.user, "load", None)
+            model_file = str(context.model_file) if context.model_file is not None else None
+            self.loaded = load(model_file) if callable(load) else None
         except Exception as exc:
             raise UserCodeError(f"Preprocess() or load() failed: {type(exc).__name__}: {exc}") from exc
         self.has_process = callable(getattr(self.user, "process", None))
@@ -74,9 +100,17 @@ class UserProcessor:
             return missing
         try:
             if inspect.iscoroutinefunction(fn):
-                return await fn(data, state, collect)
-            return await asyncio.to_thread(fn, data, state, collect)
+                call = fn(data, state, collect)
+            else:
+                loop = asyncio.get_running_loop()
+                call = loop.run_in_executor(self._executor, functools.partial(fn, data, state, collect))
+            return await asyncio.wait_for(call, self.timeout_s)
         except PreprocessError:
             raise
+        except asyncio.TimeoutError:
+            raise UserCodeTimeout(f"{step}() in preprocess.py did not finish within {self.timeout_s:g} s") from None
         except Exception as exc:
             raise PreprocessError(f"{step}() in preprocess.py raised {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -36,7 +36,7 @@ def model_out(m: ModelVersion) -> dict:
 def endpoint_out(ep: Endpoint) -> dict:
     return {
         "name": ep.name, "engine": ep.engine, "preprocess": ep.preprocess, "batching": ep.batching,
-        "log_freq": ep.log_freq,
+        "log_freq": ep.log_freq, "io": ep.io or {}, "auto_update": ep.auto_update or {},
         "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role}
                     for t in ep.targets],
         "metrics": [{"name": m.name, "kind": m.kind, **m.spec} for m in ep.metrics],
@@ -152,7 +152,9 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
 
     @app.post("/models", status_code=201)
     def add_model(req: schemas.ModelCreate):
-        return model_out(registry.add_model(req))
+        model = registry.add_model(req)
+        registry.follow_new_version(model.name)
+        return model_out(model)
 
     @app.get("/models")
     def list_models(name: str | None = None):
@@ -182,6 +184,10 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
     @app.put("/endpoints/{name}/weights")
     def set_weights(name: str, req: schemas.CanaryWeights):
         return endpoint_out(registry.set_weights(name, req))
+
+    @app.put("/endpoints/{name}/newest-weights")
+    def set_newest_weights(name: str, req: schemas.NewestWeights):
+        return endpoint_out(registry.set_newest_weights(name, req))
 
     @app.post("/endpoints/{name}/promote")
     def promote(name: str):

@@ -40,6 +40,8 @@ class Endpoint(Base):
     preprocess: Mapped[dict] = mapped_column(JSON, default=dict)
     batching: Mapped[dict] = mapped_column(JSON, default=dict)
     log_freq: Mapped[float] = mapped_column(Float, default=1.0)
+    io: Mapped[dict] = mapped_column(JSON, default=dict)  # declared inputs/outputs, bound by name
+    auto_update: Mapped[dict] = mapped_column(JSON, default=dict)  # {"model", "max_versions", "weights"}
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     targets: Mapped[list["EndpointTarget"]] = relationship(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -22,6 +23,12 @@ def finite_json(value: Any, where: str) -> Any:
             finite_json(v, where)
     return value
 
+# Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
+ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async")
+MODEL_LESS_ENGINES = ("custom", "custom_async")
+FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom")
+Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async"]
+
 
 class TensorSpec(BaseModel):
     name: str
@@ -37,7 +44,7 @@ class Signature(BaseModel):
 class ModelCreate(BaseModel):
     name: str = Field(pattern=NAME)
     artifact: str = Field(description="sha256 of an uploaded artifact")
-    framework: Literal["onnx", "custom"] = "onnx"
+    framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom"] = "onnx"
     signature: Signature | None = Field(None, description="inferred from the ONNX file when omitted")
     tags: list[str] = []
     metadata: dict[str, Any] = {}
@@ -79,15 +86,33 @@ class PreprocessSpec(BaseModel):
         return self
 
 
+class DeclaredTensor(BaseModel):
+    """One tensor as ClearML Serving's ``--input-name/--input-type/--input-size`` flags declare it."""
+
+    name: str = Field(min_length=1, max_length=256)
+    dtype: str | None = Field(None, description="numpy (float32) or Triton (FP32) name; the model's when omitted")
+    shape: list[int] | None = Field(None, description="Triton dims: without the batch dimension when batching")
+
+
+class IODeclaration(BaseModel):
+    """Tensors bound by name: what ``preprocess`` returns as a list is matched to ``inputs`` in this order."""
+
+    inputs: list[DeclaredTensor] = []
+    outputs: list[DeclaredTensor] = []
+
+
 class EndpointDeploy(BaseModel):
     """`serving model add`: put a model version behind an endpoint, optionally as a canary."""
 
     endpoint: str = Field(pattern=NAME)
-    model: str
+    model: str | None = Field(None, description="model name; only custom engines may have none")
     version: int | None = Field(None, ge=1, le=MAX_VERSION, description="latest when omitted")
-    engine: Literal["triton", "onnxruntime", "custom"] = "triton"
+    engine: Engine = "triton"
     preprocess: PreprocessSpec | None = None
     batching: Batching | None = None
+    io: IODeclaration | None = Field(None, description="declared inputs/outputs (ClearML Serving flags)")
+    max_versions: int | None = Field(None, ge=1, le=100,
+                                     description="auto-update: serve the newest N versions of the model as they appear")
     canary: float | None = Field(None, gt=0, lt=100, allow_inf_nan=False,
                                  description="percent of traffic for this version")
 
@@ -109,6 +134,23 @@ class CanaryWeights(BaseModel):
         if abs(sum(w.values()) - 100.0) > 1e-6:
             raise ValueError(f"weights must add up to 100, got {sum(w.values())}")
         return w
+
+
+class NewestWeights(BaseModel):
+    """ClearML's ``model canary --weights 0.1 0.9 --input-endpoint-prefix E``: weights of the newest
+    versions, oldest first; an auto-update endpoint keeps applying them as versions appear."""
+
+    weights: list[float] = Field(min_length=1, max_length=100)
+
+    @field_validator("weights")
+    @classmethod
+    def _valid(cls, w: list[float]) -> list[float]:
+        if any(not math.isfinite(v) or v < 0 for v in w):
+            raise ValueError("weights must be finite and not negative")
+        total = sum(w)
+        if total <= 0:
+            raise ValueError("weights must not all be zero")
+        return [100.0 * v / total for v in w]  # fractions (0.1 0.9) or percents (10 90) alike
 
 
 class MetricCreate(BaseModel):

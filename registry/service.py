@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.orm import Session, object_session, selectinload, sessionmaker
 
-from registry import schemas
+from registry import io_spec, schemas
 from registry.artifacts import ArtifactStore
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
 from registry.signature import onnx_signature
@@ -35,6 +35,10 @@ class NotFound(RegistryError):
 
 class Conflict(RegistryError):
     status = 409
+
+
+class Unprocessable(RegistryError):
+    status = 422
 
 
 def _retriable(exc: Exception) -> bool:
@@ -158,29 +162,77 @@ class Registry:
     # --- endpoints --------------------------------------------------------------
     def deploy(self, req: schemas.EndpointDeploy) -> Endpoint:
         with self.sessions() as s:
-            model = _model(s, req.model, req.version)
+            model = _model(s, req.model, req.version) if req.model else None
             self._check_deployable(req, model)
             ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
             if ep is None:
                 if req.canary is not None:
                     raise NotFound(f"endpoint {req.endpoint} does not exist; a canary needs a current version")
-                ep = Endpoint(name=req.endpoint, engine=req.engine, preprocess={}, batching={}, log_freq=1.0)
+                ep = Endpoint(name=req.endpoint, engine=req.engine, preprocess={}, batching={}, log_freq=1.0,
+                              io={}, auto_update={})
                 s.add(ep)
             ep.engine = req.engine
             if req.preprocess is not None:
                 ep.preprocess = req.preprocess.model_dump()
             if req.batching is not None or not ep.batching:
-                ep.batching = (req.batching or schemas.Batching()).model_dump()
-            _route(ep, model, req.canary)
+                # ClearML Serving's default: no batching when tensors are declared (sizes are whole shapes)
+                ep.batching = (req.batching or schemas.Batching(max_batch_size=0 if req.io else 32)).model_dump()
+            if req.io is not None:
+                ep.io = _declared_io(req.io, ep.batching, model)
+            if req.max_versions is not None:
+                ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
+                _route_newest(s, ep)
+            elif model is not None:
+                ep.auto_update = {}
+                _route(ep, model, req.canary)
+            else:
+                ep.auto_update = {}
+                ep.targets.clear()
             self._commit(s)
             return self._endpoint(s, req.endpoint)
 
-    def _check_deployable(self, req: schemas.EndpointDeploy, model: ModelVersion) -> None:
-        if req.engine in ("triton", "onnxruntime") and model.framework != "onnx":
+    def _check_deployable(self, req: schemas.EndpointDeploy, model: ModelVersion | None) -> None:
+        if model is None:
+            if req.engine not in schemas.MODEL_LESS_ENGINES:
+                raise RegistryError(f"engine {req.engine} needs a model (--model NAME[:VERSION]); only "
+                                    f"{' and '.join(schemas.MODEL_LESS_ENGINES)} endpoints may have none")
+            if req.canary is not None or req.max_versions is not None:
+                raise RegistryError("a canary or auto-update needs a model")
+            if req.preprocess is None or req.preprocess.kind != "user":
+                raise RegistryError(f"an endpoint without a model runs preprocess.py: give --preprocess")
+        elif req.engine in ("triton", "onnxruntime") and model.framework != "onnx":
             raise RegistryError(f"engine {req.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
         pre = req.preprocess
         if pre is not None and pre.artifact and not self.store.exists(pre.artifact):
             raise NotFound(f"preprocess artifact {pre.artifact} was not uploaded")
+
+    def follow_new_version(self, model_name: str) -> list[str]:
+        """Auto-update endpoints of this model move to its newest versions (ClearML's ``model auto-update``)."""
+        with self.sessions() as s:
+            changed = [ep for ep in s.scalars(select(Endpoint)) if (ep.auto_update or {}).get("model") == model_name]
+            for ep in changed:
+                _route_newest(s, ep)
+            if changed:
+                self._commit(s)
+            return [ep.name for ep in changed]
+
+    def set_newest_weights(self, name: str, req: schemas.NewestWeights) -> Endpoint:
+        """Weights for the newest versions, oldest first; kept by auto-update endpoints for later versions."""
+        with self.sessions() as s:
+            ep = self._endpoint(s, name)
+            if ep.auto_update:
+                ep.auto_update = {**ep.auto_update, "weights": req.weights}
+                _route_newest(s, ep)
+            else:
+                targets = sorted(ep.targets, key=lambda t: t.model.version)
+                if len(req.weights) > len(targets):
+                    raise Conflict(f"endpoint {name} serves {len(targets)} version(s); got {len(req.weights)} weights")
+                for t in targets:
+                    t.weight = 0.0
+                for t, w in zip(targets[-len(req.weights):], req.weights):
+                    t.weight = w
+            self._commit(s)
+            return self._endpoint(s, name)
 
     def set_weights(self, name: str, req: schemas.CanaryWeights) -> Endpoint:
         def weigh(s: Session) -> None:
@@ -284,6 +336,36 @@ def _model(s: Session, name: str, version: int | None) -> ModelVersion:
     if model is None:
         raise NotFound(f"model {name}" + (f":{version}" if version else "") + " not found")
     return model
+
+
+def _declared_io(decl: schemas.IODeclaration, batching: dict, model: ModelVersion | None) -> dict:
+    try:
+        io = io_spec.normalize(decl, int(batching.get("max_batch_size") or 0))
+        if model is not None:
+            io_spec.check_against(io, model.signature or {}, f"{model.name}:{model.version}")
+    except io_spec.IOMismatch as exc:
+        raise Unprocessable(str(exc)) from None
+    return io
+
+
+def _route_newest(s: Session, ep: Endpoint) -> None:
+    """The newest ``max_versions`` versions; the newest takes all traffic unless weights were set."""
+    policy = ep.auto_update
+    versions = list(s.scalars(select(ModelVersion).where(ModelVersion.name == policy["model"])
+                              .order_by(ModelVersion.version.desc()).limit(policy["max_versions"])))[::-1]
+    if not versions:
+        raise NotFound(f"model {policy['model']} has no versions")
+    weights = [0.0] * len(versions)
+    chosen = policy.get("weights") or [100.0]
+    for i, w in enumerate(chosen[::-1]):  # the last weight goes to the newest version
+        if i < len(versions):
+            weights[-1 - i] = w
+    total = sum(weights) or 1.0
+    ep.targets.clear()
+    s.flush()
+    for i, (m, w) in enumerate(zip(versions, weights)):
+        ep.targets.append(EndpointTarget(model=m, weight=100.0 * w / total,
+                                         role="stable" if i == len(versions) - 1 else "canary"))
 
 
 def _route(ep: Endpoint, model: ModelVersion, canary: float | None) -> None:

@@ -52,9 +52,16 @@ class WorkerSettings(CommonSettings):
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
     worker_batching: bool = True     # merge concurrent requests for one Triton model into one call
+    user_code_timeout_s: float = 60.0  # deadline of one call into preprocess.py; past it a 504
+    pipeline_url: str | None = None  # send_request to endpoints this worker lacks; default: its own /serve
+    extra_python_packages: str = ""  # pip requirements installed at worker start (ClearML's EXTRA_PYTHON_PACKAGES)
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"
+
+    def resolved_pipeline_url(self) -> str:
+        host = "127.0.0.1" if self.worker_host in ("0.0.0.0", "::", "") else self.worker_host
+        return self.pipeline_url or f"http://{host}:{self.worker_port}/serve"
 
     def resolved_ort_parallel(self) -> int:
         """One inference per core, in every process: uvicorn's processes share one listening socket

@@ -75,10 +75,18 @@ def _split(spec: str) -> tuple[str, str]:
     return name, rest
 
 
+def _metrics_endpoint(ref: str) -> str:
+    """ClearML names the endpoint with a version or a prefix (``model/1``, ``model/*``); variables
+    here belong to the endpoint, whatever version served the request."""
+    from serving.cli.clearml_flags import endpoint_of
+
+    return endpoint_of(ref)[0]
+
+
 @metrics_app.command("add")
 def metrics_add(
     ctx: typer.Context,
-    endpoint: str = typer.Option(..., "--endpoint"),
+    endpoint: str = typer.Option(..., "--endpoint", callback=_metrics_endpoint),
     variable_scalar: list[str] = typer.Option([], help="NAME=B1,B2,... histogram buckets"),
     variable_enum: list[str] = typer.Option([], help="NAME=V1,V2,... allowed values"),
     variable_value: list[str] = typer.Option([], help="NAME: last value as a gauge"),
@@ -106,14 +114,16 @@ def metrics_add(
 
 
 @metrics_app.command("list")
-def metrics_list(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+def metrics_list(ctx: typer.Context, endpoint: Optional[str] = typer.Option(None, "--endpoint",
+                                                                             help="default: every endpoint"),
                  json_: bool = typer.Option(False, "--json")) -> None:
-    ep = ctx.obj.get(f"/endpoints/{endpoint}")
-    show(ep["metrics"], ["name", "kind", "buckets", "values"], json_, f"{endpoint} variables (log-freq {ep['log_freq']})")
+    eps = [ctx.obj.get(f"/endpoints/{_metrics_endpoint(endpoint)}")] if endpoint else ctx.obj.get("/endpoints")
+    rows = [{"endpoint": ep["name"], "log_freq": ep["log_freq"], **m} for ep in eps for m in ep["metrics"]]
+    show(rows, ["endpoint", "name", "kind", "buckets", "values", "log_freq"], json_, "statistics variables")
 
 
 @metrics_app.command("remove")
-def metrics_remove(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+def metrics_remove(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint", callback=_metrics_endpoint),
                    variable: list[str] = typer.Option(..., help="repeatable")) -> None:
     for name in variable:
         ctx.obj.request("DELETE", f"/endpoints/{endpoint}/metrics/{name}")

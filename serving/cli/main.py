@@ -29,5 +29,16 @@ for command in (processes.up, processes.demo, processes.status, processes.worker
     app.command()(command)
 app.command("control-plane")(processes.control_plane)
 
-if __name__ == "__main__":
+
+def run() -> None:
+    """The ``serving`` entry point: ClearML Serving's multi-value flags are accepted as typed."""
+    import sys
+
+    from serving.cli.clearml_flags import expand_variadic
+
+    sys.argv[1:] = expand_variadic(sys.argv[1:])
     app()
+
+
+if __name__ == "__main__":
+    run()

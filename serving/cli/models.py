@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
+from serving.cli.clearml_flags import aux_batching, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
 
@@ -24,9 +25,11 @@ def plane(ctx: typer.Context) -> ControlPlane:
 def upload(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="model name; each upload adds the next version"),
-    path: Path = typer.Option(..., "--path", exists=True, dir_okay=False, help="model file (ONNX)"),
-    framework: str = typer.Option("onnx", help="onnx | custom"),
-    tag: list[str] = typer.Option([], "--tag", help="repeatable"),
+    path: Path = typer.Option(..., "--path", exists=True, dir_okay=False, help="model file (ONNX, joblib, xgboost, ...)"),
+    framework: Optional[str] = typer.Option(None, help="onnx | sklearn (scikit-learn) | xgboost | lightgbm | pytorch | "
+                                                      "tensorflow | custom (default: from the file name, else custom)"),
+    project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
+    tag: list[str] = typer.Option([], "--tag", "--tags", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
     optimize: Optional[str] = typer.Option(None, help="fusion | int8: onnxruntime transformer fusions, + int8 weights"),
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
@@ -42,7 +45,8 @@ def upload(
         path, report = _optimized(path, optimize, num_heads, hidden_size)
         meta.update(report)
     sha = cp.upload_file(path)
-    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework, "tags": tag, "metadata": meta})
+    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework_for(path, framework),
+                                 "tags": tag, "metadata": meta})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] ({m['size']} bytes, sha256 {m['sha256'][:12]})")
 
 
@@ -92,12 +96,16 @@ def parse_percent(text: str | None) -> float | None:
     return value
 
 
+_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async"
+
+
 @app.command()
 def add(
     ctx: typer.Context,
     endpoint: str = typer.Option(..., "--endpoint", help="public endpoint name (/serve/ENDPOINT)"),
-    model: str = typer.Option(..., "--model", help="NAME or NAME:VERSION (latest when omitted)"),
-    engine: str = typer.Option("triton", help="triton | onnxruntime | custom"),
+    model: Optional[str] = typer.Option(None, "--model", "--name", "--model-id",
+                                        help="NAME or NAME:VERSION (latest when omitted); none for a custom endpoint"),
+    engine: str = typer.Option("triton", help=_ENGINES),
     tokenizer: Optional[Path] = typer.Option(None, file_okay=False, exists=True, help="Hugging Face tokenizer dir"),
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
     labels: Optional[str] = typer.Option(None, help="comma-separated class labels for the tokenizer postprocess"),
@@ -106,32 +114,126 @@ def add(
         None, help="round padded lengths up to a multiple, so Triton can batch requests of different lengths "
                    "(default: 16 behind Triton's dynamic batcher, else 0: the longest text)"),
     canary: Optional[str] = typer.Option(None, help="e.g. 10%: this version takes that share, the current one the rest"),
-    max_batch_size: int = typer.Option(32),
-    max_queue_delay_us: int = typer.Option(2000, help="Triton dynamic batcher queue delay"),
+    max_batch_size: Optional[int] = typer.Option(None, help="Triton batching (default 32; 0 when tensors are declared)"),
+    max_queue_delay_us: Optional[int] = typer.Option(None, help="Triton dynamic batcher queue delay (default 2000)"),
     preferred_batch_size: list[int] = typer.Option([], help="repeatable"),
-    instances: int = typer.Option(1, help="Triton model instances"),
+    instances: Optional[int] = typer.Option(None, help="Triton model instances (default 1)"),
+    input_name: list[str] = typer.Option([], help="declared inputs, in the order preprocess returns them"),
+    input_type: list[str] = typer.Option([], help="numpy dtype per input (float32, int64, ...)"),
+    input_size: list[str] = typer.Option([], help="Triton dims per input: 1 28 28, or \"[-1, -1]\" per input"),
+    output_name: list[str] = typer.Option([], help="declared outputs, in the order postprocess gets them"),
+    output_type: list[str] = typer.Option([], help="numpy dtype per output"),
+    output_size: list[str] = typer.Option([], help="dims per output"),
+    aux_config: list[str] = typer.Option([], help="ClearML's key=value: max_batch_size, dynamic_batching.*"),
+    requirements: list[str] = typer.Option([], "--requirements", "--packages",
+                                           help="pip requirements preprocess.py imports, installed by the workers"),
+    tags: list[str] = typer.Option([], "--tags", help="pick the newest version of --model with these tags"),
+    project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
+    published: bool = typer.Option(False, "--published", hidden=True, help="ClearML Serving's; every version counts"),
+    max_versions: Optional[int] = typer.Option(None, "--max-versions", min=1, max=100,
+                                               help="auto-update: serve the newest N versions as they are uploaded"),
 ) -> None:
-    """Deploy a model version behind an endpoint, or as a canary of it."""
+    """Deploy a model version behind an endpoint, or as a canary of it (ClearML's flags work too).
+
+    As `model auto-update`, the endpoint follows the newest --max-versions (default 1) versions."""
+    if ctx.info_name == "auto-update":
+        max_versions = max_versions or 1
+    body = _deploy_body(ctx, endpoint, model, engine, tokenizer, preprocess, labels, max_length, pad_to_multiple_of,
+                        canary, max_batch_size, max_queue_delay_us, preferred_batch_size, instances,
+                        (input_name, input_type, input_size, output_name, output_type, output_size),
+                        aux_config, requirements, tags, max_versions)
+    ep = plane(ctx).post("/endpoints", json=body)
+    routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
+    follow = f" (following the newest {max_versions} versions)" if max_versions else ""
+    console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}{follow}")
+
+
+app.command("auto-update")(add)
+
+
+def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine: str, tokenizer: Optional[Path],
+                 preprocess: Optional[Path], labels: Optional[str], max_length: int, pad_to_multiple_of: Optional[int],
+                 canary: Optional[str], max_batch_size: Optional[int], max_queue_delay_us: Optional[int],
+                 preferred_batch_size: list[int], instances: Optional[int], io_flags: tuple, aux_config: list[str],
+                 requirements: list[str], tags: list[str], max_versions: Optional[int]) -> dict[str, Any]:
     if tokenizer and preprocess:
         raise typer.BadParameter("give --tokenizer or --preprocess, not both")
+    if requirements and not preprocess:
+        raise typer.BadParameter("--requirements are installed for preprocess.py: give --preprocess")
     cp = plane(ctx)
-    name, version = parse_model_ref(model)
-    body = {
-        "endpoint": endpoint, "model": name, "version": version, "engine": engine,
-        "canary": parse_percent(canary),
-        "batching": {"max_batch_size": max_batch_size, "max_queue_delay_us": max_queue_delay_us,
-                     "preferred_batch_sizes": preferred_batch_size, "instances": instances},
-    }
+    name, version = parse_model_ref(model) if model else (None, None)
+    if name and tags and version is None:
+        version = _newest_tagged(cp, name, tags)
+    io = _io(io_flags)
+    batching, ignored = aux_batching(aux_config)
+    for key, value in (("max_batch_size", max_batch_size), ("max_queue_delay_us", max_queue_delay_us),
+                       ("instances", instances), ("preferred_batch_sizes", preferred_batch_size or None)):
+        if value is not None:
+            batching[key] = value
+    if ignored:
+        console.print(f"note: --aux-config {', '.join(ignored)} ignored: the registry knows the model file and format")
+    body: dict[str, Any] = {"endpoint": endpoint, "model": name, "version": version, "engine": engine,
+                            "canary": parse_percent(canary), "batching": batching or None, "io": io,
+                            "max_versions": max_versions}
     if tokenizer:
-        if pad_to_multiple_of is None:  # padding only pays where requests are batched together
-            pad_to_multiple_of = BATCH_PAD_MULTIPLE if engine == "triton" and max_batch_size > 0 else 0
-        if pad_to_multiple_of and max_length % pad_to_multiple_of:
-            raise typer.BadParameter(f"--max-length {max_length} must be a multiple of --pad-to-multiple-of")
-        options = {"max_length": max_length, "pad_to_multiple_of": pad_to_multiple_of,
-                   **({"labels": labels.split(",")} if labels else {})}
-        body["preprocess"] = {"kind": "tokenizer", "artifact": cp.upload_dir(tokenizer), "options": options}
+        body["preprocess"] = _tokenizer_spec(cp, tokenizer, labels, max_length, pad_to_multiple_of, engine,
+                                             batching.get("max_batch_size", 32))
     elif preprocess:
-        body["preprocess"] = {"kind": "user", "artifact": cp.upload_file(preprocess), "options": {}}
-    ep = cp.post("/endpoints", json=body)
-    routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"])
-    console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}")
+        body["preprocess"] = {"kind": "user", "artifact": cp.upload_file(preprocess),
+                              "options": {"requirements": requirements} if requirements else {}}
+    return body
+
+
+def _io(flags: tuple) -> dict[str, Any] | None:
+    in_names, in_types, in_sizes, out_names, out_types, out_sizes = flags
+    inputs = io_declaration(in_names, in_types, parse_sizes(in_sizes, "--input-size"), "input")
+    outputs = io_declaration(out_names, out_types, parse_sizes(out_sizes, "--output-size"), "output")
+    return {"inputs": inputs, "outputs": outputs} if inputs or outputs else None
+
+
+def _tokenizer_spec(cp: ControlPlane, tokenizer: Path, labels: Optional[str], max_length: int,
+                    pad_to_multiple_of: Optional[int], engine: str, max_batch_size: int) -> dict[str, Any]:
+    if pad_to_multiple_of is None:  # padding only pays where requests are batched together
+        pad_to_multiple_of = BATCH_PAD_MULTIPLE if engine == "triton" and max_batch_size > 0 else 0
+    if pad_to_multiple_of and max_length % pad_to_multiple_of:
+        raise typer.BadParameter(f"--max-length {max_length} must be a multiple of --pad-to-multiple-of")
+    options = {"max_length": max_length, "pad_to_multiple_of": pad_to_multiple_of,
+               **({"labels": labels.split(",")} if labels else {})}
+    return {"kind": "tokenizer", "artifact": cp.upload_dir(tokenizer), "options": options}
+
+
+def _newest_tagged(cp: ControlPlane, name: str, tags: list[str]) -> int:
+    tagged = [m for m in cp.get("/models", params={"name": name}) if set(tags) <= set(m["tags"])]
+    if not tagged:
+        raise typer.BadParameter(f"no version of {name} has tags {tags}")
+    return max(m["version"] for m in tagged)
+
+
+@app.command()
+def canary(
+    ctx: typer.Context,
+    endpoint: str = typer.Option(..., "--endpoint"),
+    weights: list[float] = typer.Option(..., "--weights", help="e.g. 0.1 0.9: one per version, oldest first"),
+    input_endpoints: list[str] = typer.Option([], "--input-endpoints", help="versions as ENDPOINT/VERSION"),
+    input_endpoint_prefix: Optional[str] = typer.Option(None, "--input-endpoint-prefix",
+                                                        help="the newest versions of this endpoint"),
+) -> None:
+    """Split traffic between an endpoint's versions (ClearML's ``model canary``)."""
+    cp = plane(ctx)
+    if bool(input_endpoints) == bool(input_endpoint_prefix):
+        raise typer.BadParameter("give --input-endpoints or --input-endpoint-prefix")
+    refs = [endpoint_of(e) for e in input_endpoints] or [endpoint_of(input_endpoint_prefix)]
+    other = sorted({n for n, _ in refs if n != endpoint})
+    if other:
+        raise typer.BadParameter(f"a canary splits one endpoint's versions: {other} are other endpoints "
+                                 f"(deploy their models as versions of {endpoint})")
+    if input_endpoint_prefix:
+        ep = cp.request("PUT", f"/endpoints/{endpoint}/newest-weights", json={"weights": weights})
+    else:
+        if len(weights) != len(refs) or any(v is None for _, v in refs):
+            raise typer.BadParameter("--input-endpoints need ENDPOINT/VERSION each, one per --weights value")
+        total = sum(weights) or 1.0
+        split = {str(v): 100.0 * w / total for (_, v), w in zip(refs, weights)}
+        ep = cp.request("PUT", f"/endpoints/{endpoint}/weights", json={"weights": split})
+    routes = ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}%" for t in ep["targets"])
+    console.print(f"endpoint [bold]{ep['name']}[/bold]: {routes}")

@@ -6,6 +6,7 @@ starts from its local cache.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -19,12 +20,12 @@ from serving.artifact_client import ArtifactFetcher
 from serving.settings import WorkerSettings
 from serving.worker.config_sync import ConfigSync
 from serving.worker.dataplane import DataPlane, Recorder
-from serving.worker.engines.onnxruntime import OnnxRuntimeEngine
-from serving.worker.engines.triton import TritonEngine
+from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import serve_router
 from serving.worker.frontends.v2 import v2_router
+from serving.worker.pipeline import RequestSender
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +92,16 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
                recorder: Recorder | None = None) -> FastAPI:
     settings = settings or WorkerSettings()
     fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache", settings.resolved_artifact_dir())
-    engines = {"triton": TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching),
-               "onnxruntime": OnnxRuntimeEngine(fetcher.path, settings.ort_threads, settings.resolved_ort_parallel())}
-    sync = ConfigSync(engines, fetcher.path, settings.home / "cache" / "unpacked")
-    dataplane = DataPlane(sync, engines, recorder)
+    engines = build_engines(settings, fetcher.path)
+    sender = RequestSender(settings.resolved_pipeline_url(), settings.user_code_timeout_s)
+    sync = ConfigSync(engines, fetcher.path, settings.home / "cache" / "unpacked", sender=sender,
+                      user_timeout_s=settings.user_code_timeout_s)
+    dataplane = sender.dataplane = DataPlane(sync, engines, recorder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = None
+        sender.loop = asyncio.get_running_loop()
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
         if snapshot is not None:

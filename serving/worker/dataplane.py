@@ -14,11 +14,12 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from preprocess.base import PreprocessError
+from preprocess.base import PreprocessError, UserCodeTimeout
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.engines.base import Engine
-from serving.worker.errors import BadRequest, ModelNotReady, NotFound, ServingError, Unavailable, Unprocessable
+from serving.worker.errors import (BadRequest, GatewayTimeout, ModelNotReady, NotFound, ServingError, Unavailable,
+                                   Unprocessable)
 from serving.worker.runtime import Config, EndpointRuntime, Target
 
 
@@ -90,9 +91,7 @@ class DataPlane:
 
     async def ready(self, name: str) -> bool:
         ep = self.endpoint(name)
-        engine = self.engines.get(ep.engine)
-        if engine is None:
-            return True
+        engine = self.engines[ep.engine]
         for target in ep.targets:
             if not await engine.ready(target):
                 return False
@@ -107,20 +106,25 @@ class DataPlane:
         status = 500
         try:
             state: dict[str, Any] = {}
-            data = await ep.processor.preprocess(body, state, stats.collect)
+            processor = ep.processor_for(target)
+            engine = self.engines[ep.engine]
+            data = await processor.preprocess(body, state, stats.collect)
             stats.stage("preprocess")
-            if ep.engine == "custom":
-                data = await ep.processor.process(data, state, stats.collect)
+            if engine.kind == "python":
+                data = await engine.run(target, processor, data, state, stats.collect)
             else:
                 target, outputs = await self._run(ep, target, data, pinned=version is not None,
-                                                  pad=getattr(ep.processor, "pad_values", None))
+                                                  pad=getattr(processor, "pad_values", None))
                 stats.version = target.version
-                data = outputs if ep.processor.outputs_form == "dict" else clearml_outputs(outputs, list(outputs))
+                data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs, ep.declared_outputs)
             stats.stage("inference")
-            answer = await ep.processor.postprocess(data, state, stats.collect)
+            answer = await processor.postprocess(data, state, stats.collect)
             stats.stage("postprocess")
             status = 200
             return Answer(target, answer)
+        except UserCodeTimeout as exc:
+            status = 504
+            raise GatewayTimeout(str(exc)) from None
         except PreprocessError as exc:
             status = 422
             raise Unprocessable(str(exc)) from None
@@ -135,8 +139,9 @@ class DataPlane:
         """Named tensors in, model outputs out, no preprocessing (the v2 protocol)."""
         ep = self.endpoint(name)
         target = self.route(ep, version, routing_key)
-        if ep.engine == "custom":
-            raise BadRequest(f"endpoint {name!r} runs a custom engine; send it JSON on /serve/{name}")
+        if self.engines[ep.engine].kind != "tensors":
+            raise BadRequest(f"endpoint {name!r} runs the {ep.engine} engine on its preprocess output, not on "
+                             f"tensors; send it JSON on /serve/{name}")
         stats = _Stats(ep.name, version=target.version)
         status = 500
         try:
@@ -160,12 +165,13 @@ class DataPlane:
         to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails)."""
         engine = self.engines[ep.engine]
         try:
-            return target, await engine.infer(target, to_model_inputs(data, target.inputs), pad)
+            return target, await engine.infer(target, to_model_inputs(data, target.inputs, ep.declared_inputs), pad)
         except ModelNotReady:
             fallback = next((t for t in ep.targets if t is not target and t.weight > 0), None)
             if pinned or fallback is None:
                 raise
-            return fallback, await engine.infer(fallback, to_model_inputs(data, fallback.inputs), pad)
+            inputs = to_model_inputs(data, fallback.inputs, ep.declared_inputs)
+            return fallback, await engine.infer(fallback, inputs, pad)
 
     def reject(self, name: str, status: int) -> None:
         """Count a request a front end refused before inference (bad JSON, body too large), so error

@@ -44,3 +44,13 @@ class Unavailable(ServingError):
 
 class ModelNotReady(Unavailable):
     """The engine has not loaded this model version yet (a canary just added, Triton restarting)."""
+
+
+class GatewayTimeout(ServingError):
+    """User code ran past its endpoint's deadline."""
+
+    status = 504
+
+
+class UnsupportedMediaType(ServingError):
+    status = 415

@@ -37,6 +37,11 @@ class Target:
     def output_names(self) -> list[str]:
         return [o["name"] for o in self.outputs]
 
+    @classmethod
+    def model_less(cls, endpoint: str) -> "Target":
+        """A custom endpoint without a model still routes to one target; its statistics say version 0."""
+        return cls(model=endpoint, version=0, weight=100.0, triton_name="", artifact="", inputs=(), outputs=())
+
 
 @dataclass(frozen=True)
 class EndpointRuntime:
@@ -45,6 +50,21 @@ class EndpointRuntime:
     processor: Processor
     targets: tuple[Target, ...]
     preprocess_kind: str = "none"
+    io: Mapping[str, Any] = field(default_factory=dict)  # declared inputs/outputs, bound by name
+    version_processors: Mapping[int, Processor] = field(default_factory=dict)  # user code: one per version
+
+    def processor_for(self, target: Target) -> Processor:
+        """ClearML Serving gives each model version its own ``Preprocess`` instance (its ``load`` read
+        that version's file); tokenizers are shared by every version."""
+        return self.version_processors.get(target.version, self.processor)
+
+    @property
+    def declared_inputs(self) -> tuple[dict, ...]:
+        return tuple(self.io.get("inputs") or ())
+
+    @property
+    def declared_outputs(self) -> tuple[dict, ...]:
+        return tuple(self.io.get("outputs") or ())
 
     @property
     def weights(self) -> list[float]:

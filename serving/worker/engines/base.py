@@ -1,7 +1,13 @@
-"""What the data plane needs from a tensor engine."""
+"""What the data plane needs from an engine.
+
+Two kinds, told apart by ``kind``: ``"tensors"`` engines (Triton, onnxruntime) get
+named tensors matched to the model's signature; ``"python"`` engines (scikit-learn,
+XGBoost, LightGBM, custom) get whatever ``preprocess`` returned, as ClearML Serving
+hands it to them. Engines are chosen by name (``engines/registry.py``).
+"""
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 import numpy as np
 
@@ -9,6 +15,8 @@ from serving.worker.runtime import Target
 
 
 class Engine(Protocol):
+    kind: str  # "tensors" | "python"
+
     def prepare(self, target: Target) -> None:
         """Called off the event loop when a config is applied (load sessions, warm caches)."""
 
@@ -21,5 +29,9 @@ class Engine(Protocol):
         (the tokenizer preprocessor's); an engine that batches across requests may use it."""
 
     async def ready(self, target: Target) -> bool: ...
+
+    # "python" engines instead of infer():
+    async def run(self, target: Target, processor: Any, data: Any, state: dict, collect: Any) -> Any:
+        """Run the version's model (or the user's ``process``) on the preprocess output."""
 
     async def close(self) -> None: ...

@@ -23,6 +23,8 @@ from serving.worker.runtime import Target
 
 
 class OnnxRuntimeEngine:
+    kind = "tensors"  # the data plane matches preprocess output to the model signature first
+
     def __init__(self, artifact_path: Callable[[str], Path], threads: int = 1, parallel: int = 1) -> None:
         self.artifact_path = artifact_path
         self.threads = threads
@@ -63,3 +65,7 @@ class OnnxRuntimeEngine:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def create(settings: Any, artifact_path: Callable[[str], Path]) -> OnnxRuntimeEngine:
+    return OnnxRuntimeEngine(artifact_path, settings.ort_threads, settings.resolved_ort_parallel())

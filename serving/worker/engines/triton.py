@@ -9,7 +9,7 @@ each failure is a 503 with ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import tritonclient.grpc.aio as grpc_aio
@@ -36,6 +36,8 @@ def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
 
 
 class TritonEngine:
+    kind = "tensors"  # the data plane matches preprocess output to the model signature first
+
     def __init__(self, url: str, timeout_s: float = 30.0, batching: bool = True) -> None:
         self.url = url
         self.timeout_s = timeout_s
@@ -92,3 +94,7 @@ class TritonEngine:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def create(settings: Any, artifact_path: Any) -> TritonEngine:
+    return TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching)

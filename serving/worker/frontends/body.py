@@ -1,12 +1,13 @@
 """Read a request body with a size cap, before any parsing: a huge body must cost a 413, not memory."""
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import orjson
 from fastapi import Request, Response
 
-from serving.worker.errors import BadRequest, PayloadTooLarge
+from serving.worker.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -33,6 +34,40 @@ def parse_json(raw: bytes) -> Any:
 
 async def read_json(request: Request, limit: int) -> Any:
     return parse_json(await read_body(request, limit))
+
+
+def gunzip(raw: bytes, limit: int) -> bytes:
+    """``Content-Encoding: gzip`` (ClearML Serving accepts it); the limit applies to what it unpacks to."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise BadRequest(f"Content-Encoding is gzip but the body is not valid gzip data: {exc}") from None
+    if len(out) > limit:
+        raise PayloadTooLarge(f"gzip body unpacks to over the limit of {limit} bytes")
+    if not inflater.eof:
+        raise BadRequest("Content-Encoding is gzip but the body is a truncated gzip stream")
+    return out
+
+
+def is_json(content_type: str) -> bool:
+    """JSON, and what curl sends without ``-H`` (form-urlencoded) or no type at all: read as JSON."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("", "application/json", "application/x-www-form-urlencoded") or media.endswith("+json")
+
+
+async def read_serve_body(request: Request, limit: int) -> Any:
+    """A JSON document, or for any other content type the raw bytes (ClearML passes those to
+    ``preprocess`` as ``bytes``: an image posted with ``--data-binary @5.jpg``)."""
+    raw = await read_body(request, limit)
+    encodings = [e.strip().lower() for e in request.headers.get("content-encoding", "").split(",") if e.strip()]
+    if encodings and encodings != ["identity"]:
+        if encodings != ["gzip"]:
+            raise UnsupportedMediaType(f"Content-Encoding {', '.join(encodings)} is not supported; use gzip")
+        raw = gunzip(raw, limit)
+    if is_json(request.headers.get("content-type", "")):
+        return parse_json(raw)
+    return raw
 
 
 def json_response(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
-from serving.worker.frontends.body import json_response, read_json
+from serving.worker.frontends.body import json_response, read_serve_body
 
 VERSION_HEADER = "X-Model-Version"
 ROUTING_HEADER = "X-Routing-Key"
@@ -26,7 +26,7 @@ def serve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
 
     async def serve(request: Request, endpoint: str, version: int | None) -> Response:
         try:
-            body = await read_json(request, max_body_bytes)
+            body = await read_serve_body(request, max_body_bytes)
         except ServingError as exc:
             dataplane.reject(endpoint, exc.status)
             raise

@@ -18,8 +18,21 @@ def user_spec(name, bundle, store, tmp_path, file, engine):
                          preprocess={"kind": "user", "artifact": sha, "options": {}})
 
 
+def declared(*names: str) -> dict:
+    return {"inputs": [{"name": n, "dtype": None, "shape": None} for n in names], "outputs": []}
+
+
+def test_clearml_preprocess_list_without_declared_names_is_refused(make_client, store, tmp_path, tiny_model):
+    """A list of several tensors could be bound only by position: refused, naming the inputs."""
+    client, _ = make_client(user_spec("user", tiny_model, store, tmp_path, "clearml_text.py", "onnxruntime"))
+    r = client.post("/serve/user", json={"text": "the food was cold", "tokenizer_dir": str(tiny_model.tokenizer_dir)})
+    assert r.status_code == 422
+    assert "declares no input names" in r.json()["error"] and "attention_mask" in r.json()["error"]
+
+
 def test_clearml_preprocess_file_with_model_engine(make_client, store, tmp_path, tiny_model):
     spec = user_spec("user", tiny_model, store, tmp_path, "clearml_text.py", "onnxruntime")
+    spec["io"] = declared("input_ids", "attention_mask", "token_type_ids")  # the order clearml_text.py returns
     client, recorder = make_client(spec)
     text = "the food was cold"
     r = client.post("/serve/user", json={"text": text, "tokenizer_dir": str(tiny_model.tokenizer_dir)})
