@@ -68,7 +68,11 @@ def up(
                                     help="also start Prometheus (if installed) scraping statistics and Triton"),
     prometheus_port: int = typer.Option(9091, help="Prometheus web port (9090 is the workers' default)"),
 ) -> None:
-    """Start control plane, statistics, embedded Triton and N workers; Ctrl-C stops them all."""
+    """Start control plane, statistics, embedded Triton and N workers, restart any that crashes; Ctrl-C stops them all.
+
+    A child that exits is started again after a backoff (0.5 s doubling to 10 s); `up` gives up
+    and stops everything only when one crashes 5 times within 60 s.
+    """
     home = home or os.environ.get("SERVING_HOME") or str(default_home())
     port = port or WorkerSettings().worker_port
     env = stack_env(home, port)
@@ -103,12 +107,16 @@ def _start_prometheus(sup: Supervisor, home: str, st: StatisticsSettings, tr: Tr
     workdir = Path(home) / "prometheus"
     workdir.mkdir(parents=True, exist_ok=True)
     triton = [f"127.0.0.1:{tr.triton_metrics_port}"] if tr else []
+
+    def spawn():
+        return start_prometheus(workdir, [f"127.0.0.1:{st.statistics_port}"], f"127.0.0.1:{port}", triton)
+
     try:
-        proc = start_prometheus(workdir, [f"127.0.0.1:{st.statistics_port}"], f"127.0.0.1:{port}", triton)
+        proc = spawn()
     except (FileNotFoundError, RuntimeError) as exc:
         console.print(f"[yellow]not starting Prometheus: {exc}[/yellow]")
         return
-    sup.children.append(Child("prometheus", [], None, proc))
+    sup.children.append(Child("prometheus", [], None, proc, spawn=spawn))
     console.print(f"[green]started[/green] prometheus http://127.0.0.1:{port} (pid {proc.pid})")
 
 

@@ -12,8 +12,10 @@ Run it alone with ``python -m serving.triton.embedded``.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import sysconfig
@@ -36,6 +38,83 @@ from serving.triton.repository import TritonTarget, triton_targets
 log = logging.getLogger(__name__)
 
 RECONCILE_PERIOD_S = 5.0  # retry targets whose artifact could not be fetched yet
+PR_SET_CHILD_SUBREAPER = 36
+WORKSPACE_PREFIX = "serving-triton-"
+
+
+def adopt_orphans() -> None:
+    """Become the subreaper of our descendants: a Python-backend stub whose tritonserver died is
+    reparented to this process (not to init), so ``kill_descendants`` still finds it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except OSError:
+        pass
+
+
+def kill_descendants(grace_s: float = 3.0) -> int:
+    """Stop every process under this one (tritonserver, stubs, PyTriton's tensor store and
+    resource tracker): SIGTERM, then SIGKILL after ``grace_s``; reaps them. Returns how many."""
+    import psutil
+
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _gone, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(procs)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(tmpdir: str | None = None) -> list[int]:
+    """Cleanup on start: what an embedded Triton killed with ``kill -9`` left behind.
+
+    Its workspace is ``serving-triton-<pid>-<id>``; when that pid is gone, kill every process
+    still running from the workspace (tritonserver, stubs) and remove it. Returns the pids killed.
+    """
+    import psutil
+
+    root = Path(tmpdir or tempfile.gettempdir())
+    dead: list[str] = []
+    for ws in root.glob(f"{WORKSPACE_PREFIX}*"):
+        m = re.match(rf"{WORKSPACE_PREFIX}(\d+)-", ws.name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            dead.append(str(ws))
+    if not dead:
+        return []
+    killed = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info.get("cmdline") or [])
+        if any(ws in cmd for ws in dead) and p.pid != os.getpid():
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+    for ws in dead:
+        shutil.rmtree(ws, ignore_errors=True)
+    if killed or dead:
+        log.warning("removed %d stale Triton workspace(s), killed %d leftover process(es)", len(dead), len(killed))
+    return killed
 
 
 def fix_library_path() -> None:
@@ -232,19 +311,50 @@ def _serve(stop: threading.Event, binder: ModelBinder) -> bool:
     return False
 
 
-def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | None = None,
-                        *, ort_threads: int | None = None) -> None:
-    """Serve until ``stop_event`` is set or SIGTERM/SIGINT; raises if tritonserver dies."""
-    from pytriton.triton import Triton
+MAX_RESTARTS = 5  # in-process restarts of a dying tritonserver within RESTART_WINDOW_S, then give up
+RESTART_WINDOW_S = 60.0
 
+
+def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | None = None,
+                        *, ort_threads: int | None = None, restart: bool = True) -> None:
+    """Serve until ``stop_event`` is set or SIGTERM/SIGINT.
+
+    When tritonserver dies (``kill -9``, a crash) its leftovers are stopped and a new one is
+    started in this process at once, with every model the registry deploys bound again: no
+    Python start-up to wait for. Raises once it dies ``MAX_RESTARTS`` times in
+    ``RESTART_WINDOW_S`` (or at the first death with ``restart=False``), and `serving up`
+    starts the whole process again.
+    """
     _default_logging()
     stop = stop_event or threading.Event()
     restore_signals = _handle_signals(stop)
     fix_library_path()
+    own_process = threading.current_thread() is threading.main_thread() and stop_event is None
+    if own_process:  # `serving triton`: the process is ours; an embedding test process is not
+        adopt_orphans()
+        clean_stale()
     threads = ort_threads or settings.triton_ort_threads or default_ort_threads()
+    deaths: list[float] = []
+    try:
+        while _run_once(settings, stop, threads, own_process):
+            now = time.monotonic()
+            deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
+            if not restart or len(deaths) >= MAX_RESTARTS or stop.is_set():
+                raise RuntimeError(f"tritonserver exited unexpectedly ({len(deaths)} time(s) "
+                                   f"in {RESTART_WINDOW_S:.0f}s)")
+            log.warning("tritonserver exited unexpectedly; starting a new one (%d in %.0fs)",
+                        len(deaths), RESTART_WINDOW_S)
+    finally:
+        restore_signals()
+
+
+def _run_once(settings: TritonSettings, stop: threading.Event, threads: int, own_process: bool) -> bool:
+    """One tritonserver's life; True if it died under us."""
+    from pytriton.triton import Triton
+
     # Short, unique path: PyTriton puts unix sockets in it (108-byte limit), and two
     # servers on one box must never share one.
-    workspace = Path(tempfile.gettempdir()) / f"serving-triton-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    workspace = Path(tempfile.gettempdir()) / f"{WORKSPACE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     triton = Triton(config=triton_config(settings), workspace=workspace)
     subscriber: ConfigSubscriber | None = None
     binder: ModelBinder | None = None
@@ -265,11 +375,16 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
             subscriber.stop()
         if binder is not None:
             binder.close()
-        triton.stop()
+        try:
+            triton.stop()
+        except Exception:  # a dead server may fail to stop cleanly; its processes go below
+            log.exception("stopping PyTriton failed")
+        if own_process:  # after a crash nothing is worth waiting for: every second is downtime
+            n = kill_descendants(grace_s=0.3 if died else 3.0)
+            if n:
+                log.warning("stopped %d process(es) tritonserver left behind", n)
         shutil.rmtree(workspace, ignore_errors=True)
-        restore_signals()
-    if died:
-        raise RuntimeError("tritonserver exited unexpectedly")
+    return died
 
 
 def _default_logging() -> None:
