@@ -35,16 +35,17 @@ def ensure_installed(requirements: list[str], root: Path) -> Path | None:
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / ".complete").exists():
-            _pip_install(requirements, target)
+            pip_install(requirements, target)
             (target / ".complete").touch()
     if str(target) not in sys.path:
         sys.path.insert(0, str(target))
     return target
 
 
-def _pip_install(requirements: list[str], target: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-           "--no-input", "--upgrade", "--target", str(target), *requirements]
+def pip_install(requirements: list[str], target: Path | None = None) -> None:
+    """Into ``target``, or into the running interpreter's environment (the worker-wide packages)."""
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
+           *(["--upgrade", "--target", str(target)] if target is not None else []), *requirements]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -28,9 +28,27 @@ def create_from_env() -> FastAPI:
     return create_app(WorkerSettings())
 
 
+def install_extra_packages(settings: WorkerSettings) -> None:
+    """``SERVING_EXTRA_PYTHON_PACKAGES`` (ClearML's ``CLEARML_EXTRA_PYTHON_PACKAGES``): pip requirements the
+    users' preprocess code imports, installed before any worker process starts. They go under
+    ``SERVING_HOME/packages`` (the image runs as a non-root user and its environment is read-only;
+    a volume there keeps them across restarts) and onto every process's path."""
+    import os
+    import shlex
+
+    from preprocess.requirements import ensure_installed
+
+    packages = shlex.split(settings.extra_python_packages)
+    if packages:
+        print(f"installing extra Python packages: {' '.join(packages)}", file=sys.stderr, flush=True)
+        target = ensure_installed(packages, settings.home / "packages")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH")) if p)
+
+
 def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
     import uvicorn
 
+    install_extra_packages(settings)
     uvicorn.run("serving.worker.main:create_from_env", factory=True, host=settings.worker_host,
                 port=settings.worker_port, workers=workers, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=2)
