@@ -15,6 +15,10 @@ class PreprocessError(ValueError):
     """The request body cannot be turned into model input; the client gets a 422 with this message."""
 
 
+class InputOutOfRange(PreprocessError):
+    """A value or length past the model's own limits (vocabulary, positions): a 422 on every protocol."""
+
+
 class UserCodeTimeout(PreprocessError):
     """User code ran past the endpoint's deadline: a 504, and the worker stops waiting for it."""
 

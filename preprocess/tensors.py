@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from preprocess.base import PreprocessError
+from preprocess.base import InputOutOfRange, PreprocessError
 
 # Triton datatype names (model signatures use them) -> numpy
 NP_DTYPES: dict[str, Any] = {
@@ -89,7 +89,22 @@ def _fit_declared(name: str, array: np.ndarray, shape: Sequence[int] | None) -> 
 def _cast(name: str, value: Any, spec: dict, declared_shape: Sequence[int] | None = None) -> np.ndarray:
     array = _fit_declared(name, _array(name, value, numpy_dtype(spec["dtype"]), spec["dtype"]), declared_shape)
     _check_shape(name, array.shape, spec.get("shape") or [])
+    _check_limits(name, array, spec)
     return array
+
+
+def _check_limits(name: str, array: np.ndarray, spec: dict) -> None:
+    """The model's own limits (``registry/signature.py``): token ids inside its vocabulary, sequences
+    no longer than its position table. Past them a model fails or, worse, reads garbage."""
+    top, longest = spec.get("max_value"), spec.get("max_length")
+    if top is not None and array.size:
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > top:
+            bad = high if high > top else low
+            raise InputOutOfRange(f"input {name!r} has value {bad}; the model takes 0 to {top} "
+                                  f"(its vocabulary has {top + 1} entries)")
+    if longest is not None and array.ndim == 2 and array.shape[1] > longest:
+        raise InputOutOfRange(f"input {name!r} has {array.shape[1]} positions; the model takes at most {longest}")
 
 
 def _check_shape(name: str, shape: tuple[int, ...], expected: list[int]) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from preprocess.base import PreprocessError, UserCodeTimeout
+from preprocess.base import InputOutOfRange, PreprocessError, UserCodeTimeout
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.engines.base import Engine
@@ -147,6 +147,8 @@ class DataPlane:
         try:
             try:
                 target, outputs = await self._run(ep, target, inputs, pinned=version is not None)
+            except InputOutOfRange as exc:  # well-formed, past the model's limits
+                raise Unprocessable(str(exc)) from None
             except PreprocessError as exc:  # tensors that do not match the signature
                 raise BadRequest(str(exc)) from None
             stats.version = target.version

@@ -2,6 +2,15 @@
 from __future__ import annotations
 
 
+def brief(message: object, limit: int = 240) -> str:
+    """A backend's error as one short line: the exception line of a traceback, never the traceback."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1] if any(line.startswith("Traceback") for line in lines) else lines[0]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 class ServingError(Exception):
     status = 500
 

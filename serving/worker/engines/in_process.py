@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from preprocess.base import Collect, PreprocessError
-from serving.worker.errors import ModelNotReady
+from serving.worker.errors import ModelNotReady, brief
 from serving.worker.runtime import Target
 
 
@@ -67,7 +67,7 @@ class InProcessEngine:
             return await loop.run_in_executor(self._executor, self.predict, model, data)
         except Exception as exc:  # the framework's own errors for input it cannot use
             raise PreprocessError(f"{type(self).__name__.removesuffix('Engine').lower()} model "
-                                  f"{target.model}:{target.version} rejected the input: {type(exc).__name__}: {exc}") from None
+                                  f"{target.model}:{target.version} rejected the input: {type(exc).__name__}: {brief(exc)}") from None
 
     async def ready(self, target: Target) -> bool:
         return not target.artifact or target.artifact in self._models

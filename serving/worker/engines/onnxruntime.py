@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from serving.ort import session as ort_session
-from serving.worker.errors import BadRequest, ModelNotReady
+from serving.worker.errors import BadRequest, ModelNotReady, brief
 from serving.worker.runtime import Target
 
 
@@ -57,7 +57,7 @@ class OnnxRuntimeEngine:
         try:
             values = await loop.run_in_executor(self._executor, session.run, names, inputs)
         except Exception as exc:  # onnxruntime raises its own types for bad shapes/dtypes
-            raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {exc}") from None
+            raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {brief(exc)}") from None
         return dict(zip(names, values))
 
     async def ready(self, target: Target) -> bool:

@@ -17,7 +17,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from serving.worker.batcher import MicroBatcher
-from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable
+from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable, brief
 from serving.worker.runtime import Target
 
 _MODEL_MISSING = ("unknown model", "is not ready", "not found", "no version is available")
@@ -31,8 +31,8 @@ def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
     if any(s in status or s in message for s in _UNREACHABLE):
         return Unavailable(f"Triton at {url} is unreachable ({status or message})")
     if "INVALID_ARGUMENT" in status:
-        return BadRequest(f"Triton rejected the request for {model}: {message}")
-    return BadGateway(f"Triton failed on {model}: {message}")
+        return BadRequest(f"Triton rejected the request for {model}: {brief(message)}")
+    return BadGateway(f"Triton failed on {model}: {brief(message)}")
 
 
 class TritonEngine:
