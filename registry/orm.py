@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, UniqueConstraint, DateTime
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -88,3 +88,55 @@ class ConfigState(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     revision: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ApiToken(Base):
+    """A control-plane credential: only its sha256 is stored; the token is shown once, at creation."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    role: Mapped[str] = mapped_column(String(16))  # admin | deployer | viewer | worker
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    upload_quota_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    uploaded_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class AuditEntry(Base):
+    """One change made through the control plane: who (token name), what, when."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256))
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class Rollout(Base):
+    """A progressive rollout of one model version on one endpoint, persisted so a restart resumes it."""
+
+    __tablename__ = "rollouts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    endpoint_id: Mapped[int] = mapped_column(ForeignKey("endpoints.id", ondelete="CASCADE"))
+    model_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
+    state: Mapped[str] = mapped_column(String(16))  # running | succeeded | rolled_back | aborted
+    steps: Mapped[list] = mapped_column(JSON)  # percents of traffic, e.g. [5, 25, 50, 100]
+    step_index: Mapped[int] = mapped_column(Integer, default=0)
+    interval_s: Mapped[float] = mapped_column(Float)
+    gates: Mapped[dict] = mapped_column(JSON, default=dict)  # max_error_rate, max_p99_ms, max_drift
+    reason: Mapped[str] = mapped_column(String(2048), default="")
+    history: Mapped[list] = mapped_column(JSON, default=list)  # [{"at", "step", "weight", "observed"}]
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    next_step_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    endpoint: Mapped[Endpoint] = relationship()
+    model: Mapped[ModelVersion] = relationship()
