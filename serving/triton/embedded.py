@@ -37,7 +37,7 @@ from serving.triton.repository import TritonTarget, triton_targets
 
 log = logging.getLogger(__name__)
 
-RECONCILE_PERIOD_S = 5.0  # retry targets whose artifact could not be fetched yet
+RECONCILE_PERIOD_S = 2.0  # retry targets not bound yet, reload models Triton lost
 PR_SET_CHILD_SUBREAPER = 36
 WORKSPACE_PREFIX = "serving-triton-"
 
@@ -218,15 +218,45 @@ class ModelBinder:
             self.reconcile()
 
     def reconcile(self) -> None:
+        """Make Triton hold exactly what the registry deploys: unbind what is no longer wanted
+        (or changed artifact), bind what is missing, and bind again what Triton lost (a model
+        unloaded through its control API, a failed reload)."""
         with self.lock:
             if self.closed:
                 return
+            for name in self._lost():
+                log.warning("Triton no longer has %s ready (unloaded behind our back?); loading it again", name)
+                self._guard(self._unbind, name)
             for name, artifact in list(self.bound.items()):
                 if self.wanted.get(name) is None or self.wanted[name].artifact != artifact:
                     self._guard(self._unbind, name)
             for name, target in self.wanted.items():
                 if name not in self.bound:
                     self._guard(self._bind, target)
+
+    def _lost(self) -> list[str]:
+        """Bound models Triton does not report ready (its repository index does not list models
+        PyTriton loads with their files inline, so each is asked)."""
+        if not self.bound:
+            return []
+        import tritonclient.http as httpclient
+        from pytriton.client.auth import create_auth_headers
+
+        client = httpclient.InferenceServerClient(self.http_url, network_timeout=5.0, connection_timeout=5.0)
+        lost = []
+        try:
+            headers = create_auth_headers(self.triton.get_access_token(), "http")
+            if not client.is_server_live(headers=headers):
+                return []
+            for name in self.bound:
+                if not client.is_model_ready(name, headers=headers):
+                    lost.append(name)
+        except Exception as exc:  # server down or restarting: the liveness check deals with that
+            log.debug("cannot ask Triton which models are ready: %s", exc)
+            return []
+        finally:
+            client.close()
+        return lost
 
     def alive(self) -> bool:
         with self.lock:
@@ -275,6 +305,7 @@ class ModelBinder:
         if model is None:
             return
         model.clean()
+        _forget_tensor_store(name)
         headers = create_auth_headers(self.triton.get_access_token(), "http")
         client = httpclient.InferenceServerClient(self.http_url, network_timeout=60.0)
         try:
@@ -282,6 +313,21 @@ class ModelBinder:
         finally:
             client.close()
         log.info("unloaded %s", name)
+
+
+def _forget_tensor_store(name: str) -> None:
+    """PyTriton keeps one TensorStore client per socket address for the life of the process, with
+    the authentication key of the stub it first met. A model bound again under the same name gets
+    a new stub with a new key at the same address, and every request then fails with "digest sent
+    was rejected" (the M:6 -> M:7 -> M:6 churn). Dropping the cached client makes the next bind
+    connect afresh with the new key."""
+    try:
+        from pytriton.proxy.data import TensorStore
+    except ImportError:
+        return
+    suffix = f"/{name}-data.sock"
+    for address in [a for a in list(TensorStore._instances) if str(a).endswith(suffix)]:
+        TensorStore._instances.pop(address, None)
 
 
 def _handle_signals(stop: threading.Event) -> Callable[[], None]:
