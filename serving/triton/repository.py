@@ -31,7 +31,7 @@ from serving.triton.naming import TRITON_VERSION, triton_model_name
 log = logging.getLogger(__name__)
 
 MARKER = ".serving-managed"  # only directories carrying it are ever removed
-RETRY_PERIOD_S = 5.0  # how often loads that failed (Triton unreachable) are tried again
+RETRY_PERIOD_S = 5.0  # how often failed loads are retried and Triton is checked for lost models
 DEFAULT_BATCHING: dict[str, Any] = {"max_batch_size": 32, "max_queue_delay_us": 2000,
                                     "preferred_batch_sizes": [], "instances": 1}
 
@@ -183,6 +183,7 @@ class RepositorySync:
         self.headers = headers
         self._synced_once = False
         self._pending: set[str] = set()  # loads that failed (Triton down): retried until they succeed
+        self._wanted: set[str] = set()
         self._lock = threading.Lock()
         self._retry = threading.Thread(target=self._retry_loop, name="triton-load-retry", daemon=True)
         self._retry.start()
@@ -202,6 +203,7 @@ class RepositorySync:
         # On the first snapshot Triton's state is unknown: (re)load everything we want.
         to_load = sorted(wanted) if not self._synced_once else changed
         with self._lock:
+            self._wanted = set(wanted)
             self._pending &= set(wanted)
             self._control(sorted(set(to_load) | self._pending), sorted(stale))
         for name in stale:
@@ -212,8 +214,32 @@ class RepositorySync:
         while True:
             time.sleep(self.retry_period_s)
             with self._lock:
+                lost = self._lost()
+                if lost:
+                    log.warning("Triton lost %s (restarted, or unloaded behind our back); loading again",
+                                ", ".join(lost))
+                    self._pending |= set(lost)
                 if self._pending:
                     self._control(sorted(self._pending), [])
+
+    def _lost(self) -> list[str]:
+        """Wanted models Triton's repository index does not show READY: after a Triton restart in
+        explicit model-control mode nothing is loaded, and a model can be unloaded through Triton's
+        own API. Nothing when Triton cannot be asked (down: the loads are retried once it is back)."""
+        if not self.control_url or not self._wanted:
+            return []
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(_strip_scheme(self.control_url), network_timeout=10.0)
+        try:
+            index = client.get_model_repository_index(headers=self.headers)
+        except Exception as exc:
+            log.debug("cannot read Triton's repository index: %s", exc)
+            return []
+        finally:
+            client.close()
+        ready = {m.get("name") for m in index if isinstance(m, dict) and m.get("state") == "READY"}
+        return sorted(self._wanted - ready - self._pending)
 
     def _control(self, load: list[str], unload: list[str]) -> None:
         if not self.control_url or not (load or unload):

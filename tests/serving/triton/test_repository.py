@@ -149,3 +149,38 @@ def test_load_that_failed_while_triton_was_down_is_retried(tmp_path, artifacts):
         time.sleep(0.6)
         assert calls == ["clf_v1", "clf_v1"]  # retried once it failed, then never again
     assert (tmp_path / "repo" / "clf_v1" / "config.pbtxt").stat().st_mode & 0o777 == 0o644
+
+
+def test_model_an_external_triton_lost_is_loaded_again(tmp_path, artifacts):
+    """A stand-in whose index stops listing clf_v1 as READY (Triton restarted in explicit mode, or the
+    model unloaded through its API): the writer loads it again, and leaves ready models alone."""
+    state = {"clf_v1": "READY", "clf_v2": "READY"}
+    loads: list[str] = []
+    app = FastAPI()
+
+    @app.get("/v2/health/ready")
+    def ready():
+        return {}
+
+    @app.post("/v2/repository/index")
+    def index():
+        return [{"name": n, "version": "1", "state": s} for n, s in state.items()]
+
+    @app.post("/v2/repository/models/{name}/load")
+    def load(name: str):
+        loads.append(name)
+        state[name] = "READY"
+        return {}
+
+    sig = make_signature(2)
+    with serve_app(app, "/v2/health/ready") as url:
+        sync = RepositorySync(tmp_path / "repo", lambda sha: artifacts / sha, url, retry_period_s=0.2)
+        sync.apply(snapshot(triton_endpoint("clf", [target("clf", 1, "a" * 64, sig), target("clf", 2, "b" * 64, sig)])))
+        assert sorted(loads) == ["clf_v1", "clf_v2"]
+        time.sleep(0.6)
+        assert len(loads) == 2  # ready models are not reloaded
+        state["clf_v1"] = "UNAVAILABLE"
+        wait_until(lambda: len(loads) == 3, 5, "the lost model to be loaded again")
+        assert loads[-1] == "clf_v1" and state["clf_v1"] == "READY"
+        time.sleep(0.6)
+        assert len(loads) == 3
