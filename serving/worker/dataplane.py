@@ -21,6 +21,7 @@ from serving.worker.engines.base import Engine
 from serving.worker.errors import (BadRequest, GatewayTimeout, ModelNotReady, NotFound, ServingError, Unavailable,
                                    Unprocessable)
 from serving.worker.runtime import Config, EndpointRuntime, Target
+from serving.worker.shadow import ShadowMirror
 
 
 class ConfigSource(Protocol):
@@ -66,6 +67,7 @@ class DataPlane:
         self.config = config
         self.engines = engines
         self.recorder = recorder
+        self.shadow = ShadowMirror(self)  # copies to shadow versions, after the live answer (shadow.py)
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -102,6 +104,7 @@ class DataPlane:
         """A request body in, the postprocessed answer out (``/serve``)."""
         ep = self.endpoint(name)
         target = self.route(ep, version, routing_key)
+        copies = self.shadow.pick(ep, body) if version is None else None
         stats = _Stats(ep.name, version=target.version)
         status = 500
         try:
@@ -121,6 +124,7 @@ class DataPlane:
             answer = await processor.postprocess(data, state, stats.collect)
             stats.stage("postprocess")
             status = 200
+            self.shadow.fire(copies, target, answer)
             return Answer(target, answer)
         except UserCodeTimeout as exc:
             status = 504
@@ -154,6 +158,8 @@ class DataPlane:
             stats.version = target.version
             stats.stage("inference")
             status = 200
+            if version is None:
+                self.shadow.fire(self.shadow.pick(ep, inputs, tensors=True), target, outputs)
             return target, outputs
         except ServingError as exc:
             status = exc.status
@@ -169,7 +175,7 @@ class DataPlane:
         try:
             return target, await engine.infer(target, to_model_inputs(data, target.inputs, ep.declared_inputs), pad)
         except ModelNotReady:
-            fallback = next((t for t in ep.targets if t is not target and t.weight > 0), None)
+            fallback = next((t for t in ep.targets if t is not target and t.weight > 0 and not t.shadow), None)
             if pinned or fallback is None:
                 raise
             inputs = to_model_inputs(data, fallback.inputs, ep.declared_inputs)

@@ -20,6 +20,10 @@ def key_point(key: str) -> float:
 
 def choose(targets: Sequence[T], weights: Sequence[float], key: str | None = None,
            rand: Callable[[], float] = random.random) -> T:
+    """A shadow target (``role == "shadow"``) is never chosen: it only gets copies (serving/worker/shadow.py)."""
+    if any(getattr(t, "role", None) == "shadow" for t in targets):
+        pairs = [(t, w) for t, w in zip(targets, weights) if getattr(t, "role", None) != "shadow"]
+        targets, weights = [t for t, _ in pairs], [w for _, w in pairs]
     total = sum(w for w in weights if w > 0)
     if total <= 0:
         return targets[0]

@@ -24,6 +24,7 @@ class Target:
     inputs: tuple[dict, ...]
     outputs: tuple[dict, ...]
     max_batch: int = 0  # the endpoint's Triton max_batch_size: 0 means no batching
+    role: str = "stable"  # stable | canary | shadow (weight: percent of requests copied to it, never answered)
 
     @classmethod
     def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None) -> "Target":
@@ -31,7 +32,11 @@ class Target:
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
                    triton_name=t["triton_name"], artifact=t.get("artifact", ""),
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
-                   max_batch=int((batching or {}).get("max_batch_size") or 0))
+                   max_batch=int((batching or {}).get("max_batch_size") or 0), role=str(t.get("role") or "stable"))
+
+    @property
+    def shadow(self) -> bool:
+        return self.role == "shadow"
 
     @property
     def output_names(self) -> list[str]:
@@ -66,9 +71,18 @@ class EndpointRuntime:
     def declared_outputs(self) -> tuple[dict, ...]:
         return tuple(self.io.get("outputs") or ())
 
+    def __post_init__(self) -> None:
+        # live versions first: targets[0] is a live one (the default of metadata and user code)
+        object.__setattr__(self, "targets", tuple(sorted(self.targets, key=lambda t: t.shadow)))
+
     @property
     def weights(self) -> list[float]:
-        return [t.weight for t in self.targets]
+        """Routing weights of the answering versions; a shadow's weight is its copy share, not a route."""
+        return [0.0 if t.shadow else t.weight for t in self.targets]
+
+    @property
+    def shadows(self) -> tuple[Target, ...]:
+        return tuple(t for t in self.targets if t.shadow and t.weight > 0)
 
     def version(self, version: int) -> Target | None:
         return next((t for t in self.targets if t.version == version), None)
