@@ -12,6 +12,14 @@ Wire format (embedded HTTP body and Kafka message value are the same bytes)::
                  "stages": {"preprocess": 0.001, "inference": 0.01, "postprocess": 0.0003},
                  "custom": {"tokens": 17, "label": "POSITIVE"}}]}
 
+A copy of a request served by a shadow version (serving/worker/shadow.py) is an event
+of that version with a ``shadow`` object: the version that answered the client, whether
+the two answers agree, their mean absolute (logit) difference, or that the copy was
+dropped (the shadow was too slow)::
+
+    {"endpoint": "sentiment", "version": 2, "status": 200, "latency_s": 0.02, ...,
+     "shadow": {"live_version": 1, "agree": true, "mad": 0.013}}
+
 ``dropped`` is the sender's cumulative count of events it had to discard (queue
 full, send failures), so the service can export losses it never saw.
 """
@@ -40,11 +48,41 @@ class StatisticsEvent:
     ts: float = 0.0
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
+    shadow: "ShadowResult | None" = None  # set for copies served by a shadow version
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
-                "status": self.status, "latency_s": self.latency_s,
-                "stages": dict(self.stages), "custom": dict(self.custom)}
+        out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
+               "status": self.status, "latency_s": self.latency_s,
+               "stages": dict(self.stages), "custom": dict(self.custom)}
+        if self.shadow is not None:
+            out["shadow"] = self.shadow.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class ShadowResult:
+    live_version: int | None = None
+    agree: bool | None = None   # None: not compared (the copy failed, or nothing comparable)
+    mad: float | None = None    # mean absolute difference of logits / numbers
+    dropped: bool = False       # not run: too many copies already under way
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"live_version": self.live_version, "agree": self.agree, "mad": self.mad, "dropped": self.dropped}
+
+
+def _shadow(value: Any) -> ShadowResult | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return ShadowResult()
+    if not isinstance(value, dict):
+        raise EventError("shadow is not an object")
+    agree = value.get("agree")
+    mad = value.get("mad")
+    return ShadowResult(live_version=_version(value.get("live_version")),
+                        agree=None if agree is None else bool(agree),
+                        mad=None if mad is None else _finite(mad, "shadow.mad"),
+                        dropped=bool(value.get("dropped")))
 
 
 @dataclass(frozen=True)
@@ -95,7 +133,7 @@ def parse_event(raw: Any) -> StatisticsEvent:
         endpoint=endpoint, version=_version(raw.get("version")), status=status,
         latency_s=_finite(raw.get("latency_s", 0.0), "latency_s"),
         ts=float(raw.get("ts") or 0.0), stages=_stages(raw.get("stages")),
-        custom=custom if isinstance(custom, dict) else {},
+        custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
     )
 
 

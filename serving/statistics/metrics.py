@@ -63,6 +63,44 @@ class RequestMetrics:
             stages[stage].observe(seconds)
 
 
+MAD_BUCKETS = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ShadowMetrics:
+    """Copies served by shadow versions: their own series, never in the live request series
+    (so error rates and the canary share stay those of what clients got)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["endpoint", "version"]
+        self.requests = Counter("serving_shadow_requests", "Copies of requests served by a shadow version, by status.",
+                                [*labels, "status"], registry=registry)
+        self.latency = Histogram("serving_shadow_latency_seconds", "Latency of a shadow copy in the worker.",
+                                 labels, buckets=LATENCY_BUCKETS, registry=registry)
+        self.agreement = Counter("serving_shadow_label_agreement",
+                                 "Shadow answers compared with the live answer: agree=true|false (same label).",
+                                 [*labels, "agree"], registry=registry)
+        self.mad = Histogram("serving_shadow_logit_mad",
+                             "Mean absolute difference of the shadow's logits (or numbers) from the live answer's.",
+                             labels, buckets=MAD_BUCKETS, registry=registry)
+        self.dropped = Counter("serving_shadow_dropped", "Copies a worker dropped because the shadow was too slow.",
+                               labels, registry=registry)
+
+    def observe(self, event: StatisticsEvent) -> None:
+        shadow = event.shadow
+        labels = (event.endpoint, version_label(event.version))
+        if shadow is None:
+            return
+        if shadow.dropped:
+            self.dropped.labels(*labels).inc()
+            return
+        self.requests.labels(*labels, str(event.status)).inc()
+        self.latency.labels(*labels).observe(event.latency_s)
+        if shadow.agree is not None:
+            self.agreement.labels(*labels, "true" if shadow.agree else "false").inc()
+        if shadow.mad is not None:
+            self.mad.labels(*labels).observe(shadow.mad)
+
+
 @dataclass
 class _Scalar:
     buckets: tuple[float, ...]

@@ -17,7 +17,7 @@ from serving.statistics.definitions import EndpointDefs, VariableDef, parse_snap
 from serving.statistics.drift import DriftConfig, DriftMonitor, SeriesKey
 from serving.statistics.events import Batch, EventError, StatisticsEvent, decode_batch, parse_event
 from serving.statistics.exporter import DriftCollector
-from serving.statistics.metrics import RequestMetrics, VariableMetrics, version_label
+from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ class StatisticsPipeline:
     def __init__(self, registry: CollectorRegistry, drift: DriftConfig = DriftConfig(),
                  references: ReferenceStore | None = None) -> None:
         self.requests = RequestMetrics(registry)
+        self.shadows = ShadowMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -97,6 +98,9 @@ class StatisticsPipeline:
             self.dropped.inc(increase)
 
     def handle_event(self, event: StatisticsEvent) -> None:
+        if event.shadow is not None:  # a copy: its own series only, no live counts, variables or drift
+            self.shadows.observe(event)
+            return
         self.requests.observe(event)
         defs = self.defs.get(event.endpoint)
         if defs is None or not event.custom:
