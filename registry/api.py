@@ -197,6 +197,10 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
     def rollback(name: str):
         return endpoint_out(registry.rollback(name))
 
+    @app.delete("/endpoints/{name}/shadow")
+    def remove_shadow(name: str):
+        return endpoint_out(registry.remove_shadow(name))
+
     @app.put("/endpoints/{name}/log-freq")
     def log_freq(name: str, req: schemas.LogFreq):
         registry.set_log_freq(name, req.log_freq)

@@ -115,6 +115,8 @@ class EndpointDeploy(BaseModel):
                                      description="auto-update: serve the newest N versions of the model as they appear")
     canary: float | None = Field(None, gt=0, lt=100, allow_inf_nan=False,
                                  description="percent of traffic for this version")
+    shadow: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
+                                 description="percent of requests copied to this version (never answered)")
 
 
 class CanaryWeights(BaseModel):

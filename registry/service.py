@@ -161,6 +161,8 @@ class Registry:
 
     # --- endpoints --------------------------------------------------------------
     def deploy(self, req: schemas.EndpointDeploy) -> Endpoint:
+        if req.shadow is not None:  # a copy of req.shadow% of the requests, never an answer
+            return self.set_shadow(req)
         with self.sessions() as s:
             model = _model(s, req.model, req.version) if req.model else None
             self._check_deployable(req, model)
@@ -206,6 +208,49 @@ class Registry:
         if pre is not None and pre.artifact and not self.store.exists(pre.artifact):
             raise NotFound(f"preprocess artifact {pre.artifact} was not uploaded")
 
+    def set_shadow(self, req: schemas.EndpointDeploy) -> Endpoint:
+        """Add or replace the endpoint's shadow target: its weight is the percent of requests copied to it.
+        It runs with the endpoint's engine and preprocessing; nothing else of the endpoint changes."""
+        if req.model is None or req.canary is not None or req.max_versions is not None:
+            raise RegistryError("a shadow needs a model (--model NAME[:VERSION]) and no --canary or --max-versions")
+
+        def put(s: Session) -> None:
+            ep = self._endpoint(s, req.endpoint)
+            model = _model(s, req.model, req.version)
+            if ep.engine in ("triton", "onnxruntime") and model.framework != "onnx":
+                raise RegistryError(f"engine {ep.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
+            if ep.io and ep.engine in ("triton", "onnxruntime"):
+                try:
+                    io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")
+                except io_spec.IOMismatch as exc:
+                    raise Unprocessable(str(exc)) from None
+            live = [t for t in ep.targets if t.role != "shadow"]
+            if not live:
+                raise Conflict(f"endpoint {ep.name} has no live version to shadow")
+            if any(t.model_id == model.id for t in live):
+                raise Conflict(f"{model.name}:{model.version} already answers on {ep.name}; shadow another version")
+            for t in [t for t in ep.targets if t.role == "shadow"]:
+                ep.targets.remove(t)
+            s.flush()  # delete before insert: (endpoint, model) is unique
+            ep.targets.append(EndpointTarget(model=model, weight=float(req.shadow), role="shadow"))
+            s.flush()
+
+        self._write(put, f"shadowing endpoint {req.endpoint}")
+        return self.get_endpoint(req.endpoint)
+
+    def remove_shadow(self, name: str) -> Endpoint:
+        def drop(s: Session) -> None:
+            ep = self._endpoint(s, name)
+            shadows = [t for t in ep.targets if t.role == "shadow"]
+            if not shadows:
+                raise NotFound(f"endpoint {name} has no shadow")
+            for t in shadows:
+                ep.targets.remove(t)
+            s.flush()
+
+        self._write(drop, f"removing the shadow of endpoint {name}")
+        return self.get_endpoint(name)
+
     def follow_new_version(self, model_name: str) -> list[str]:
         """Auto-update endpoints of this model move to its newest versions (ClearML's ``model auto-update``)."""
         with self.sessions() as s:
@@ -237,7 +282,7 @@ class Registry:
     def set_weights(self, name: str, req: schemas.CanaryWeights) -> Endpoint:
         def weigh(s: Session) -> None:
             ep = self._endpoint(s, name)
-            by_version = {t.model.version: t for t in ep.targets}
+            by_version = {t.model.version: t for t in ep.targets if t.role != "shadow"}  # shadows keep their share
             unknown = sorted(set(req.weights) - set(by_version))
             if unknown:
                 raise NotFound(f"endpoint {name} has no target version(s) {unknown}; it routes {sorted(by_version)}")
@@ -259,8 +304,8 @@ class Registry:
     def _keep(self, name: str, role: str) -> Endpoint:
         def keep_only(s: Session) -> None:
             ep = self._endpoint(s, name)
-            keep = [t for t in ep.targets if t.role == role]
-            if not keep or len(ep.targets) < 2:
+            keep = [t for t in ep.targets if t.role == role]  # a shadow is dropped with the rest (docs/rollouts.md)
+            if not keep or len([t for t in ep.targets if t.role != "shadow"]) < 2:
                 raise Conflict(f"endpoint {name} has no canary in progress")
             for t in list(ep.targets):
                 if t is not keep[-1]:
@@ -382,8 +427,8 @@ def _route(ep: Endpoint, model: ModelVersion, canary: float | None) -> None:
         raise Conflict(f"endpoint {ep.name} has no stable version to split traffic with")
     if stable.model_id == model.id:
         raise Conflict(f"{model.name}:{model.version} is already the stable version of {ep.name}")
-    for t in [t for t in ep.targets if t is not stable]:
-        ep.targets.remove(t)
+    for t in [t for t in ep.targets if t is not stable and (t.role != "shadow" or t.model_id == model.id)]:
+        ep.targets.remove(t)  # a shadow of another version keeps shadowing
     session.flush()
     stable.weight = 100.0 - canary
     ep.targets.append(EndpointTarget(model=model, weight=float(canary), role="canary"))
