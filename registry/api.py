@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
-from registry import schemas
+from registry import audit, auth, schemas
 from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.db import make_engine, session_factory, upgrade
@@ -71,6 +71,9 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     app = FastAPI(title="serving control plane", lifespan=lifespan)
     app.state.registry, app.state.broadcaster = registry, broadcaster
     _errors(app)
+    auth.install(app, sessions, settings)  # before any route: each one added after checks a token
+    audit.install(app, sessions)
+    app.state.max_artifact_bytes = settings.max_artifact_bytes
     _routes(app, registry, broadcaster, store)
     return app
 
@@ -141,7 +144,7 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
 
     @app.post("/artifacts", status_code=201)
     async def upload(request: Request):
-        sha, size = await store.put_stream(request.stream())
+        sha, size = await auth.receive_upload(request, store)
         return {"sha256": sha, "size": size}
 
     @app.get("/artifacts/{sha256}")

@@ -10,8 +10,11 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import httpx
+
+from serving.credentials import auth_headers, worker_token
 
 
 def shard_path(root: Path, sha256: str) -> Path:
@@ -19,8 +22,11 @@ def shard_path(root: Path, sha256: str) -> Path:
 
 
 class ArtifactFetcher:
-    def __init__(self, control_plane_url: str, cache_dir: Path, shared_dir: Path | None = None) -> None:
+    def __init__(self, control_plane_url: str, cache_dir: Path, shared_dir: Path | None = None,
+                 token: str | Callable[[], str | None] | None = None) -> None:
         self.base = control_plane_url.rstrip("/")
+        # the worker token: given, or SERVING_WORKER_TOKEN / $SERVING_HOME/tokens/worker at each download
+        self._token = token if token is not None else worker_token
         self.cache_dir = cache_dir
         self.shared_dir = shared_dir
 
@@ -39,8 +45,9 @@ class ArtifactFetcher:
         digest = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=dest.parent)
         try:
+            token = self._token() if callable(self._token) else self._token
             with os.fdopen(fd, "wb") as f, httpx.stream(
-                "GET", f"{self.base}/artifacts/{sha256}", timeout=60.0
+                "GET", f"{self.base}/artifacts/{sha256}", timeout=60.0, headers=auth_headers(token)
             ) as resp:
                 resp.raise_for_status()
                 for chunk in resp.iter_bytes(1 << 20):

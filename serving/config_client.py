@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import httpx
 
+from serving.credentials import auth_headers, worker_token
+
 log = logging.getLogger(__name__)
 
 Snapshot = dict[str, Any]
@@ -68,8 +70,11 @@ class ConfigSubscriber:
         on_snapshot: Callable[[Snapshot], None],
         cache_path: Path | None = None,
         max_backoff: float = 2.0,
+        token: str | Callable[[], str | None] | None = None,
     ) -> None:
         self.url = control_plane_url.rstrip("/") + "/config/stream"
+        # the worker token: given, or SERVING_WORKER_TOKEN / $SERVING_HOME/tokens/worker read at each connect
+        self._token = token if token is not None else worker_token
         self.on_snapshot = on_snapshot
         self.cache_path = cache_path
         self.max_backoff = max_backoff
@@ -104,7 +109,11 @@ class ConfigSubscriber:
         while not self._stop.is_set():
             try:
                 timeout = httpx.Timeout(5.0, read=30.0)
-                with httpx.stream("GET", self.url, timeout=timeout) as resp:
+                token = self._token() if callable(self._token) else self._token
+                with httpx.stream("GET", self.url, timeout=timeout, headers=auth_headers(token)) as resp:
+                    if resp.status_code in (401, 403):
+                        log.warning("config stream refused (%s): %s; set SERVING_WORKER_TOKEN to a worker token",
+                                    resp.status_code, resp.read().decode(errors="replace")[:200])
                     resp.raise_for_status()
                     self.connected.set()
                     backoff = 0.1

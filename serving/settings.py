@@ -21,6 +21,7 @@ class CommonSettings(BaseSettings):
     home: Path = Field(default_factory=default_home)
     control_plane_url: str = "http://127.0.0.1:8080"
     artifact_dir: Path | None = None  # shared artifact store path, when mounted
+    worker_token: str | None = None  # worker role token (config stream, artifacts, statistics); else $HOME/tokens/worker
 
     def resolved_artifact_dir(self) -> Path:
         return self.artifact_dir or self.home / "artifacts"
@@ -32,6 +33,8 @@ class ControlPlaneSettings(CommonSettings):
     control_plane_port: int = 8080
     triton_model_repository: Path | None = None
     triton_control_url: str | None = None
+    admin_token: str | None = None  # bootstrap admin token; unset: $SERVING_HOME/tokens/admin, created 0600
+    max_artifact_bytes: int = 2 * 1024**3  # one upload past it: 413, its temp file removed
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'registry.db'}"

@@ -13,12 +13,22 @@ err = Console(stderr=True)
 
 
 class ControlPlane:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None, token_source: str = "") -> None:
+        """``token``: None finds one (SERVING_TOKEN, `serving login`, a local control plane's
+        $SERVING_HOME/tokens/admin); see serving/credentials.py."""
+        from serving.credentials import cli_token
+
         self.url = url.rstrip("/")
+        if token is None:
+            token, token_source = cli_token(self.url)
+        self.token, self.token_source = token, token_source
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
+        from serving.credentials import auth_headers
+
+        headers = {**auth_headers(self.token), **kw.pop("headers", {})}
         try:
-            resp = httpx.request(method, self.url + path, timeout=kw.pop("timeout", 30.0), **kw)
+            resp = httpx.request(method, self.url + path, timeout=kw.pop("timeout", 30.0), headers=headers, **kw)
         except httpx.HTTPError as exc:
             err.print(f"[red]cannot reach the control plane at {self.url}: {exc}[/red]")
             raise typer.Exit(2)
@@ -28,6 +38,9 @@ class ControlPlane:
             except ValueError:
                 detail = resp.text
             err.print(f"[red]error {resp.status_code}: {_readable(detail)}[/red]")
+            if resp.status_code == 401:
+                err.print(f"token used: {self.token_source or 'none'}; set SERVING_TOKEN or run "
+                          "`serving login --token T`")
             raise typer.Exit(1)
         return resp.json()
 

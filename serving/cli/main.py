@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from serving.cli import processes
+from serving.cli import processes, tokens
 from serving.cli.client import ControlPlane
 from serving.cli.endpoints import canary_app, endpoint_app, metrics_app
 from serving.cli.models import app as model_app
@@ -15,16 +15,22 @@ app = typer.Typer(help="Serve ONNX models behind Triton: registry, canaries, wor
 @app.callback()
 def main(
     ctx: typer.Context,
-    control_plane: str = typer.Option("http://127.0.0.1:8080", "--control-plane", envvar="SERVING_CONTROL_PLANE_URL",
-                                      help="control plane URL"),
+    control_plane: str = typer.Option(None, "--control-plane", envvar="SERVING_CONTROL_PLANE_URL",
+                                      help="control plane URL [default: the one of `serving login`, "
+                                           "else http://127.0.0.1:8080]"),
 ) -> None:
-    ctx.obj = ControlPlane(control_plane)
+    from serving.credentials import read_credentials
+
+    ctx.obj = ControlPlane(control_plane or read_credentials().get("control_plane") or "http://127.0.0.1:8080")
 
 
 app.add_typer(model_app, name="model")
 app.add_typer(endpoint_app, name="endpoint")
 app.add_typer(canary_app, name="canary")
 app.add_typer(metrics_app, name="metrics")
+app.add_typer(tokens.token_app, name="token")
+app.command()(tokens.login)
+app.command()(tokens.audit)
 for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.statistics):
     app.command()(command)
 app.command("control-plane")(processes.control_plane)

@@ -10,6 +10,7 @@ from onnx import TensorProto, helper
 
 from registry.api import create_app
 from serving.settings import ControlPlaneSettings
+from tests.support.auth import headers
 
 
 def tiny_onnx(path: Path) -> Path:
@@ -33,6 +34,7 @@ def tiny_onnx(path: Path) -> Path:
 def client(database_url: str, tmp_path: Path):
     settings = ControlPlaneSettings(home=tmp_path, database_url=database_url)
     with TestClient(create_app(settings)) as c:
+        c.headers.update(headers(tmp_path))  # the bootstrap admin token the control plane wrote
         yield c
 
 
@@ -142,4 +144,4 @@ def test_state_survives_a_restart(database_url, tmp_path, onnx_sha, client):
     before = client.get("/config").json()
     settings = ControlPlaneSettings(home=tmp_path, database_url=database_url)
     with TestClient(create_app(settings)) as again:  # migrations run again: a no-op
-        assert again.get("/config").json() == before
+        assert again.get("/config", headers=headers(tmp_path)).json() == before

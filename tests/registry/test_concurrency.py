@@ -47,7 +47,7 @@ def _upload(client: httpx.Client, data: bytes, name: str, i: int) -> list[int]:
 @pytest.mark.timeout(180)
 def test_40_concurrent_uploads_of_one_name_give_40_contiguous_versions(control_plane, tmp_path):
     data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
-    with httpx.Client(base_url=control_plane.control_plane, timeout=60) as client, \
+    with control_plane.api(timeout=60) as client, \
             ThreadPoolExecutor(CONCURRENCY) as pool:
         results = list(pool.map(lambda i: _upload(client, data, "same", i), range(40)))
         models = client.get("/models", params={"name": "same"}).json()
@@ -60,7 +60,7 @@ def test_40_concurrent_uploads_of_one_name_give_40_contiguous_versions(control_p
 @pytest.mark.timeout(180)
 def test_concurrent_promote_rollback_weights_delete_never_500(control_plane, tmp_path):
     data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
-    with httpx.Client(base_url=control_plane.control_plane, timeout=60) as client:
+    with control_plane.api(timeout=60) as client:
         sha = client.post("/artifacts", content=data).json()["sha256"]
         for _ in range(3):
             assert client.post("/models", json={"name": "m", "artifact": sha}).status_code == 201
@@ -102,7 +102,7 @@ BAD_REQUESTS = [
 @pytest.mark.timeout(120)
 def test_out_of_range_and_non_finite_numbers_are_422(control_plane, tmp_path):
     data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
-    with httpx.Client(base_url=control_plane.control_plane, timeout=30) as client:
+    with control_plane.api(timeout=30) as client:
         sha = client.post("/artifacts", content=data).json()["sha256"]
         for _ in range(2):
             client.post("/models", json={"name": "m", "artifact": sha})
@@ -125,7 +125,8 @@ def test_concurrent_cli_uploads_of_one_name_all_succeed(control_plane, tmp_path)
                               stderr=subprocess.STDOUT, text=True) for _ in range(CONCURRENCY)]
     outputs = [(p.wait(120), p.stdout.read()) for p in procs]
     assert [code for code, _ in outputs] == [0] * CONCURRENCY, outputs
-    models = httpx.get(f"{control_plane.control_plane}/models", params={"name": "cli"}).json()
+    models = httpx.get(f"{control_plane.control_plane}/models", params={"name": "cli"},
+                       headers=control_plane.headers()).json()
     assert sorted(m["version"] for m in models) == list(range(1, CONCURRENCY + 1))
 
 
@@ -147,7 +148,7 @@ def test_temp_file_of_an_upload_killed_midway_is_removed_at_restart(tmp_path):
 
         def upload():
             try:
-                httpx.post(f"{stack.control_plane}/artifacts", content=body(), timeout=90)
+                httpx.post(f"{stack.control_plane}/artifacts", content=body(), timeout=90, headers=stack.headers())
             except httpx.HTTPError:
                 pass
 

@@ -9,6 +9,7 @@ import httpx
 from registry.api import create_app
 from serving.config_client import ConfigSubscriber, read_cache
 from serving.settings import ControlPlaneSettings
+from tests.support.auth import headers, token
 from tests.support.servers import serve_in_thread
 
 
@@ -34,12 +35,12 @@ def test_changes_are_pushed_at_once_and_cached(tmp_path):
     cache = tmp_path / "worker-config.json"
     seen = Seen()
     with serve_in_thread(app) as url:
-        sub = ConfigSubscriber(url, seen, cache_path=cache).start()
+        sub = ConfigSubscriber(url, seen, cache_path=cache, token=token(tmp_path, "worker")).start()
         seen.wait_for(0, timeout=5)
-        sha = httpx.post(f"{url}/artifacts", content=b"x").json()["sha256"]
-        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        sha = httpx.post(f"{url}/artifacts", content=b"x", headers=headers(tmp_path)).json()["sha256"]
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"}, headers=headers(tmp_path))
         t0 = time.monotonic()
-        httpx.post(f"{url}/endpoints", json={"endpoint": "e", "model": "m", "engine": "custom"})
+        httpx.post(f"{url}/endpoints", json={"endpoint": "e", "model": "m", "engine": "custom"}, headers=headers(tmp_path))
         seen.wait_for(2, timeout=1.0)
         assert time.monotonic() - t0 < 1.0
         sub.stop()
@@ -50,20 +51,20 @@ def test_subscriber_serves_cache_while_control_plane_is_down_then_reconnects(tmp
     settings = ControlPlaneSettings(home=tmp_path)
     cache = tmp_path / "worker-config.json"
     with serve_in_thread(create_app(settings)) as url:
-        httpx.post(f"{url}/artifacts", content=b"x")
-        sha = httpx.post(f"{url}/artifacts", content=b"x").json()["sha256"]
-        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        httpx.post(f"{url}/artifacts", content=b"x", headers=headers(tmp_path))
+        sha = httpx.post(f"{url}/artifacts", content=b"x", headers=headers(tmp_path)).json()["sha256"]
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"}, headers=headers(tmp_path))
         first = Seen()
-        sub = ConfigSubscriber(url, first, cache_path=cache).start()
+        sub = ConfigSubscriber(url, first, cache_path=cache, token=token(tmp_path, "worker")).start()
         first.wait_for(1, timeout=5)
         sub.stop()
     port = int(url.rsplit(":", 1)[1])
     # Control plane down: a new subscriber starts from the cache alone.
     seen = Seen()
-    sub = ConfigSubscriber(url, seen, cache_path=cache, max_backoff=0.2).start()
+    sub = ConfigSubscriber(url, seen, cache_path=cache, token=token(tmp_path, "worker"), max_backoff=0.2).start()
     assert seen.revisions == [1]
     # It comes back (same database, same port): the subscriber reconnects by itself.
     with serve_in_thread(create_app(settings), port=port) as url:
-        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"})
+        httpx.post(f"{url}/models", json={"name": "m", "artifact": sha, "framework": "custom"}, headers=headers(tmp_path))
         seen.wait_for(2, timeout=5)
     sub.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import auth
 from tests.support.procs import REPO, free_port, stop, wait_http
 
 
@@ -23,6 +24,14 @@ class Stack:
     @property
     def control_plane(self) -> str:
         return self.env["SERVING_CONTROL_PLANE_URL"]
+
+    def headers(self, role: str = "admin") -> dict[str, str]:
+        """The bootstrap token the control plane wrote under SERVING_HOME (the CLI finds it there too)."""
+        return auth.headers(self.home, role)
+
+    def api(self, role: str = "admin", **kw) -> httpx.Client:
+        """An HTTP client of the control plane holding a token of ``role``."""
+        return httpx.Client(base_url=self.control_plane, headers=self.headers(role), **kw)
 
     def worker_url(self, i: int = 0) -> str:
         return f"http://127.0.0.1:{self.worker_ports[i]}"

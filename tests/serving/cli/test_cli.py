@@ -10,6 +10,7 @@ from registry.api import create_app
 from serving.cli.main import app
 from serving.settings import ControlPlaneSettings
 from tests.registry.test_api import tiny_onnx
+from tests.support.auth import token
 from tests.support.procs import free_port
 from tests.support.servers import serve_in_thread
 
@@ -17,8 +18,9 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def cp(tmp_path):
+def cp(tmp_path, monkeypatch):
     with serve_in_thread(create_app(ControlPlaneSettings(home=tmp_path / "cp"))) as url:
+        monkeypatch.setenv("SERVING_TOKEN", token(tmp_path / "cp"))  # what `serving login` would save
         yield url
 
 
