@@ -68,6 +68,22 @@ def canary_rollback(ctx: typer.Context, endpoint: str = typer.Option(..., "--end
     _print(ctx.obj.post(f"/endpoints/{endpoint}/rollback"))
 
 
+@canary_app.command("shadow")
+def canary_shadow(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint"),
+                  model: Optional[str] = typer.Option(None, "--model", help="NAME or NAME:VERSION"),
+                  percent: str = typer.Option("100%", "--percent", help="share of requests copied, e.g. 30%"),
+                  off: bool = typer.Option(False, "--off", help="stop shadowing")) -> None:
+    """Copy a share of requests to a version: compared with the live answer, never returned (docs/rollouts.md)."""
+    from serving.cli.models import shadow_body
+
+    if off == bool(model):
+        raise typer.BadParameter("give --model NAME[:VERSION] (with --percent), or --off")
+    if off:
+        _print(ctx.obj.request("DELETE", f"/endpoints/{endpoint}/shadow"))
+    else:
+        _print(ctx.obj.post("/endpoints", json=shadow_body(endpoint, model, percent)))
+
+
 def _split(spec: str) -> tuple[str, str]:
     name, sep, rest = spec.partition("=")
     if not sep or not name or not rest:

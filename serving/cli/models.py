@@ -114,6 +114,8 @@ def add(
         None, help="round padded lengths up to a multiple, so Triton can batch requests of different lengths "
                    "(default: 16 behind Triton's dynamic batcher, else 0: the longest text)"),
     canary: Optional[str] = typer.Option(None, help="e.g. 10%: this version takes that share, the current one the rest"),
+    shadow: Optional[str] = typer.Option(None, help="e.g. 100%: a copy of that share of requests goes to this version, "
+                                                    "compared with the live answer, never returned (docs/rollouts.md)"),
     max_batch_size: Optional[int] = typer.Option(None, help="Triton batching (default 32; 0 when tensors are declared)"),
     max_queue_delay_us: Optional[int] = typer.Option(None, help="Triton dynamic batcher queue delay (default 2000)"),
     preferred_batch_size: list[int] = typer.Option([], help="repeatable"),
@@ -138,6 +140,11 @@ def add(
     As `model auto-update`, the endpoint follows the newest --max-versions (default 1) versions."""
     if ctx.info_name == "auto-update":
         max_versions = max_versions or 1
+    if shadow is not None:
+        ep = plane(ctx).post("/endpoints", json=shadow_body(endpoint, model, shadow))
+        console.print(f"endpoint [bold]{ep['name']}[/bold]: " + ", ".join(
+            f"{t['model']}:{t['version']} {t['weight']:g}% ({t['role']})" for t in ep["targets"]))
+        return
     body = _deploy_body(ctx, endpoint, model, engine, tokenizer, preprocess, labels, max_length, pad_to_multiple_of,
                         canary, max_batch_size, max_queue_delay_us, preferred_batch_size, instances,
                         (input_name, input_type, input_size, output_name, output_type, output_size),
@@ -182,6 +189,20 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
         body["preprocess"] = {"kind": "user", "artifact": cp.upload_file(preprocess),
                               "options": {"requirements": requirements} if requirements else {}}
     return body
+
+
+def shadow_body(endpoint: str, model: Optional[str], percent: str) -> dict[str, Any]:
+    """A shadow runs with the endpoint's engine and preprocessing: only the version and its share are sent."""
+    if not model:
+        raise typer.BadParameter("a shadow needs --model NAME[:VERSION]")
+    try:
+        value = float(percent.rstrip("%"))
+    except ValueError:
+        raise typer.BadParameter(f"shadow share '{percent}' must look like 100% or 30%")
+    if not 0 < value <= 100:
+        raise typer.BadParameter("shadow share must be above 0% and at most 100%")
+    name, version = parse_model_ref(model)
+    return {"endpoint": endpoint, "model": name, "version": version, "shadow": value}
 
 
 def _io(flags: tuple) -> dict[str, Any] | None:

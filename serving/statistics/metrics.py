@@ -84,6 +84,7 @@ class ShadowMetrics:
                              labels, buckets=MAD_BUCKETS, registry=registry)
         self.dropped = Counter("serving_shadow_dropped", "Copies a worker dropped because the shadow was too slow.",
                                labels, registry=registry)
+        self._compared: set[tuple[str, str]] = set()
 
     def observe(self, event: StatisticsEvent) -> None:
         shadow = event.shadow
@@ -96,6 +97,9 @@ class ShadowMetrics:
         self.requests.labels(*labels, str(event.status)).inc()
         self.latency.labels(*labels).observe(event.latency_s)
         if shadow.agree is not None:
+            if labels not in self._compared:  # both series exist from the first comparison: rates never vanish
+                self._compared.add(labels)
+                self.agreement.labels(*labels, "true" if not shadow.agree else "false")
             self.agreement.labels(*labels, "true" if shadow.agree else "false").inc()
         if shadow.mad is not None:
             self.mad.labels(*labels).observe(shadow.mad)

@@ -34,6 +34,8 @@ def test_shadow_events_have_their_own_series() -> None:
     assert samples(registry, "serving_shadow_logit_mad_sum")[(("version", "2"),)] == pytest.approx(0.32)
     assert samples(registry, "serving_shadow_latency_seconds_count") == {(("version", "2"),): 4}
     assert samples(registry, "serving_shadow_dropped_total") == {(("version", "2"),): 1}
+    p.handle_payload(encode_batch([{**shadow_event(agree=False), "version": 3}]))
+    assert samples(registry, "serving_shadow_label_agreement_total")[(("agree", "true"), ("version", "3"))] == 0
 
 
 def test_shadow_field_is_parsed_leniently_but_checked() -> None:
