@@ -38,7 +38,16 @@ def text_for(rng: random.Random, dist: str) -> tuple[str, str]:
 
 
 def make_events(endpoint: str, version: int, count: int, dist: str, seed: int) -> list[dict[str, Any]]:
-    """``count`` requests: every 10th fails with 500; custom variables from the text."""
+    """``count`` requests: every 10th fails with 500; custom variables from the text.
+    ``dist`` "shadow": copies served by shadow ``version`` (of live version 1): reference texts,
+    3 in 4 agreeing with the live answer, every 20th dropped."""
+    if dist == "shadow":
+        events = make_events(endpoint, version, count, "reference", seed)
+        rng = random.Random(seed)
+        for i, event in enumerate(events):
+            event["shadow"] = ({"live_version": 1, "dropped": True} if i % 20 == 19 else
+                               {"live_version": 1, "agree": i % 4 != 0, "mad": round(rng.uniform(0, 0.5), 4)})
+        return events
     rng = random.Random(seed)
     events = []
     for i in range(count):
