@@ -48,8 +48,12 @@ def free_port() -> int:
 
 def stack_env(home: Path) -> dict[str, str]:
     ports = {name: free_port() for name in ("cp", "worker", "http", "grpc", "metrics", "stats")}
+    # tokens: the demo's control plane creates them under its home, where its CLI calls find
+    # them; a token or `serving login` of the user's own platform must not be sent to it
+    inherited = {k: v for k, v in os.environ.items() if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN",
+                                                                   "SERVING_WORKER_TOKEN")}
     return {
-        **os.environ, "SERVING_HOME": str(home),
+        **inherited, "SERVING_HOME": str(home), "SERVING_CREDENTIALS": str(home / "credentials"),
         "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
         "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
         "SERVING_WORKER_PORT": str(ports["worker"]),

@@ -88,6 +88,9 @@ def up(
             _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port)
         console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
                       f"workers http://127.0.0.1:{port}, logs in {sup.log_dir}")
+        if not os.environ.get("SERVING_ADMIN_TOKEN"):
+            console.print(f"admin token: {home}/tokens/admin (mode 0600; the CLI finds it there for a local "
+                          f"control plane with SERVING_HOME={home}), worker token: {home}/tokens/worker")
         code = sup.wait()
     except RuntimeError as exc:
         console.print(f"[red]{exc}[/red]")

@@ -38,9 +38,15 @@ def read_values(path: Path) -> list[Any]:
 
 
 class StatisticsClient:
-    def __init__(self, url: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, url: str | None = None, timeout: float = 30.0, token: str | None = None) -> None:
+        """``token`` None: the CLI's (SERVING_TOKEN, `serving login`, the local admin token file)."""
         self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
+        if token is None:
+            from serving.credentials import cli_token, read_credentials
+
+            token, _ = cli_token(read_credentials().get("control_plane") or StatisticsSettings().control_plane_url)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def _path(self, endpoint: str, version: str, variable: str) -> str:
         parts = (endpoint, version or ANY_VERSION, variable)
@@ -48,7 +54,7 @@ class StatisticsClient:
 
     def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         try:
-            resp = httpx.request(method, self.url + path, timeout=self.timeout, **kw)
+            resp = httpx.request(method, self.url + path, timeout=self.timeout, headers=self.headers, **kw)
         except httpx.HTTPError as exc:
             raise StatisticsClientError(f"cannot reach the statistics service at {self.url}: {exc}") from exc
         if resp.status_code >= 400:

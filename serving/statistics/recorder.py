@@ -210,12 +210,17 @@ def recorder_from_settings(settings: WorkerSettings, *, follow_config: bool = Tr
     else:
         from serving.statistics.transports.embedded import HttpSender
 
-        sender = HttpSender(statistics_url(settings))
+        from serving.credentials import worker_token
+
+        sender = HttpSender(statistics_url(settings), token=lambda: worker_token(settings))
     recorder = StatisticsRecorder(sender, config=config, source=source)
     if follow_config:
         from serving.config_client import ConfigSubscriber
 
-        subscriber = ConfigSubscriber(settings.control_plane_url, recorder.apply_snapshot).start()
+        from serving.credentials import worker_token
+
+        subscriber = ConfigSubscriber(settings.control_plane_url, recorder.apply_snapshot,
+                                      token=lambda: worker_token(settings)).start()
         recorder.on_close(subscriber.stop)
     atexit.register(recorder.close)
     return recorder

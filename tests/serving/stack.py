@@ -80,8 +80,10 @@ class Stack:
 
 def make_stack(home: Path, workers: int = 2) -> Stack:
     ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats")}
+    inherited = {k: v for k, v in os.environ.items()  # tokens come from the control plane's files under home
+                 if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN")}
     env = {
-        **os.environ, "SERVING_HOME": str(home),
+        **inherited, "SERVING_HOME": str(home), "SERVING_CREDENTIALS": str(home / "credentials"),
         "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
         "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
         "SERVING_TRITON_HTTP_PORT": str(ports["http"]), "SERVING_TRITON_GRPC_PORT": str(ports["grpc"]),

@@ -17,14 +17,19 @@ EVENTS_PATH = "/events"
 
 
 class HttpSender:
-    def __init__(self, base_url: str, timeout: float = 5.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 5.0, token=None) -> None:
+        """``token``: the worker token (a string, or a function read before each batch) sent as
+        ``Authorization: Bearer``; the service refuses events without one."""
         self.url = base_url.rstrip("/") + EVENTS_PATH
         self._client = httpx.Client(timeout=timeout, headers={"content-type": "application/json"})
+        self._token = token
         self._rejected = 0
 
     def send(self, payload: bytes, count: int) -> None:
+        token = self._token() if callable(self._token) else self._token
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            resp = self._client.post(self.url, content=payload)
+            resp = self._client.post(self.url, content=payload, headers=headers)
         except httpx.HTTPError as exc:
             raise SendError(f"POST {self.url}: {exc}") from exc
         if resp.status_code >= 500:

@@ -15,8 +15,10 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from serving.statistics.prometheus_config import start_prometheus
+from serving.credentials import new_token
 from tests.support.procs import REPO, free_port, stop, wait_http
 
+WORKER_TOKEN = new_token()  # shared by the service and the workers the tests start with its env
 DRIFT_ARGS = ["--reference-size", "200", "--window-size", "200", "--min-window", "50"]
 
 
@@ -36,6 +38,11 @@ class Service:
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The worker token the service was started with (ingestion refuses events without it)."""
+        return {"Authorization": f"Bearer {self.env['SERVING_WORKER_TOKEN']}"}
+
 
 @contextmanager
 def statistics_service(home: Path, control_plane_url: str, args: list[str] = DRIFT_ARGS,
@@ -44,7 +51,8 @@ def statistics_service(home: Path, control_plane_url: str, args: list[str] = DRI
     port = free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("SERVING_")}
     env = {**base, "SERVING_HOME": str(home), "SERVING_CONTROL_PLANE_URL": control_plane_url,
-           "SERVING_STATISTICS_PORT": str(port), "SERVING_STATISTICS_HOST": "127.0.0.1", **(extra_env or {})}
+           "SERVING_STATISTICS_PORT": str(port), "SERVING_STATISTICS_HOST": "127.0.0.1",
+           "SERVING_WORKER_TOKEN": WORKER_TOKEN, **(extra_env or {})}
     with open(home / "statistics.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "serving.statistics", *args], env=env, cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT)

@@ -122,7 +122,7 @@ def test_service_down_then_up_reports_the_loss(stats_service: Service) -> None:
     recorder.flush(timeout=10)
     assert recorder.stats().dropped == 7 and recorder.stats().sent == 0
 
-    recorder.sender = HttpSender(stats_service.url)  # the service is reachable again
+    recorder.sender = HttpSender(stats_service.url, token=stats_service.env["SERVING_WORKER_TOKEN"])  # the service is reachable again
     recorder.record(make_events("count-e-lost", 1, 1, "reference", 7)[0])
     assert recorder.flush(timeout=10)
     recorder.close()
@@ -131,13 +131,13 @@ def test_service_down_then_up_reports_the_loss(stats_service: Service) -> None:
 
 
 def test_service_rejects_bad_envelopes(stats_service: Service) -> None:
-    resp = httpx.post(stats_service.url + "/events", content=b"not json")
+    resp = httpx.post(stats_service.url + "/events", content=b"not json", headers=stats_service.headers)
     assert resp.status_code == 400
-    resp = httpx.post(stats_service.url + "/events", content=b'{"schema": "other/v9", "events": []}')
+    resp = httpx.post(stats_service.url + "/events", content=b'{"schema": "other/v9", "events": []}', headers=stats_service.headers)
     assert resp.status_code == 400 and "unsupported schema" in resp.text
     # one bad event costs one counter increment, not the batch
     good = make_events("count-e-bad", 1, 2, "reference", 8)
-    resp = httpx.post(stats_service.url + "/events", json={"events": [good[0], {"endpoint": ""}, good[1]]})
+    resp = httpx.post(stats_service.url + "/events", json={"events": [good[0], {"endpoint": ""}, good[1]]}, headers=stats_service.headers)
     assert resp.json() == {"accepted": 2}
 
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from serving.cli.main import app
-from tests.serving.statistics.support import Service, run_workers, wait_until
+from tests.serving.statistics.support import WORKER_TOKEN, Service, run_workers, wait_until
 from tests.serving.statistics.worker_sim import make_events
 from tests.support.procs import free_port
 
@@ -19,7 +19,9 @@ runner = CliRunner()
 
 
 def cli(service_url: str, *args: str):
-    return runner.invoke(app, ["metrics", "reference", *args, "--statistics-url", service_url])
+    # the CLI sends SERVING_TOKEN; reference changes need a worker, deployer or admin token
+    return runner.invoke(app, ["metrics", "reference", *args, "--statistics-url", service_url],
+                         env={"SERVING_TOKEN": WORKER_TOKEN})
 
 
 def gauges(service: Service, name: str, endpoint: str) -> dict[tuple[str, str], float]:

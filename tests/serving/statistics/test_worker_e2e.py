@@ -66,7 +66,8 @@ def test_two_worker_processes_count_exactly(prom: Prometheus, stats_service: Ser
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SERVING_")},
            "SERVING_HOME": str(tmp_path / "home"), "SERVING_ARTIFACT_DIR": str(tmp_path / "artifacts"),
            "SERVING_CONTROL_PLANE_URL": control_plane.url, "SERVING_WORKER_PORT": str(port),
-           "SERVING_STATISTICS_HOST": "127.0.0.1", "SERVING_STATISTICS_PORT": str(stats_service.port)}
+           "SERVING_STATISTICS_HOST": "127.0.0.1", "SERVING_STATISTICS_PORT": str(stats_service.port),
+           "SERVING_WORKER_TOKEN": stats_service.env["SERVING_WORKER_TOKEN"]}
     url = f"http://127.0.0.1:{port}"
     with serving_process(["worker", "--workers", "2"], env, tmp_path / "worker.log") as proc:
         wait_http(url + "/v2/health/live", timeout=120, proc=proc)
