@@ -200,7 +200,21 @@ def test_chart_without_any_database_uses_sqlite_on_the_control_plane_volume():
     docs = manifests("default", "postgresql: {enabled: false}")
     env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
     assert "SERVING_DATABASE_URL" not in env["control-plane"]
-    assert not find(docs, "Secret")
+    assert [component(s) for s in find(docs, "Secret")] == ["tokens"]  # no database Secret
+
+
+def test_chart_tokens_come_from_a_secret_never_from_values():
+    docs = manifests("default")
+    env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
+    (secret,) = [s for s in find(docs, "Secret") if component(s) == "tokens"]
+    name = secret["metadata"]["name"]
+    assert env["control-plane"]["SERVING_ADMIN_TOKEN"] == f"secret:{name}/admin-token"
+    for n in ("control-plane", "worker", "statistics"):
+        assert env[n]["SERVING_WORKER_TOKEN"] == f"secret:{name}/worker-token"
+    docs = manifests("default", "auth: {existingSecret: my-tokens}")
+    env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
+    assert not [s for s in find(docs, "Secret") if component(s) == "tokens"]
+    assert env["worker"]["SERVING_WORKER_TOKEN"] == "secret:my-tokens/worker-token"
 
 
 def service_link_env(service: dict) -> set[str]:

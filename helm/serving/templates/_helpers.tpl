@@ -107,3 +107,18 @@ securityContext:
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/* The Secret holding admin-token and worker-token (auth-secret.yaml, or auth.existingSecret). */}}
+{{- define "serving.tokensSecret" -}}
+{{- .Values.auth.existingSecret | default (include "serving.componentName" (list . "tokens")) -}}
+{{- end }}
+
+{{/* env entries of a token from the tokens Secret: (list . "SERVING_WORKER_TOKEN" "worker-token") */}}
+{{- define "serving.tokenEnv" -}}
+{{- $root := index . 0 }}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "serving.tokensSecret" $root }}
+      key: {{ index . 2 }}
+{{- end }}

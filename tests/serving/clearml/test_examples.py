@@ -148,7 +148,7 @@ def test_auto_update_and_canary_by_prefix(stack, built):
     upload(stack, "sklearn-model", built["sklearn"])  # version 2
     stack.cli("model", "canary", "--endpoint", ep, "--weights", "0.1", "0.9", "--input-endpoint-prefix", ep)
     upload(stack, "sklearn-model", built["sklearn"])  # version 3: now versions 2 and 3 serve, 10/90
-    routes = {t["version"]: t["weight"] for t in httpx.get(f"{stack.control_plane}/endpoints/{ep}").json()["targets"]}
+    routes = {t["version"]: t["weight"] for t in httpx.get(f"{stack.control_plane}/endpoints/{ep}", headers=stack.headers()).json()["targets"]}
     assert routes == pytest.approx({2: 10.0, 3: 90.0})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -280,5 +280,5 @@ def test_metrics_add_with_clearml_syntax(stack):
     listed = stack.cli("metrics", "list", "--json").stdout
     assert '"x0"' in listed and '"x1"' in listed and "test_model_sklearn" in listed
     stack.cli("metrics", "remove", "--endpoint", "test_model_sklearn/*", "--variable", "x0", "x1")
-    metrics = httpx.get(f"{stack.control_plane}/endpoints/test_model_sklearn").json()["metrics"]
+    metrics = httpx.get(f"{stack.control_plane}/endpoints/test_model_sklearn", headers=stack.headers()).json()["metrics"]
     assert metrics == []
