@@ -123,7 +123,12 @@ def container_env(docs: list[dict], workload: dict, container: dict) -> dict[str
 # --- compose --------------------------------------------------------------------------
 
 def compose_env() -> dict[str, str]:
-    return read_env_file(DEPLOY / ".env")
+    """deploy/.env when deploy/init-env.sh made one, else the tracked template plus stand-in secrets."""
+    if (DEPLOY / ".env").exists():
+        return read_env_file(DEPLOY / ".env")
+    secrets = {k: "test-secret" for k in ("POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD",
+                                          "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN")}
+    return {**read_env_file(DEPLOY / ".env.example"), **secrets}
 
 
 def compose(name: str = "docker-compose.yml", used: set[str] | None = None) -> dict[str, Any]:
