@@ -17,6 +17,9 @@ from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.db import make_engine, session_factory, upgrade
 from registry.orm import Endpoint, ModelVersion
+from registry.rollout_api import rollout_router
+from registry.rollout_metrics import MetricsSource, PrometheusSource, StatisticsServiceSource
+from registry.rollouts import RolloutController, Rollouts
 from registry.schemas import MAX_VERSION
 from registry.service import NotFound, Registry, RegistryError
 from registry.signature import SignatureError
@@ -64,10 +67,13 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         broadcaster.start(asyncio.get_running_loop())
         watcher = asyncio.create_task(broadcaster.watch_database())
+        controller = RolloutController(rollouts, settings.rollout_tick_s).start()
         yield
+        controller.stop()
         watcher.cancel()
         engine.dispose()
 
+    rollouts = Rollouts(registry, _rollout_metrics(settings))
     app = FastAPI(title="serving control plane", lifespan=lifespan)
     app.state.registry, app.state.broadcaster = registry, broadcaster
     _errors(app)
@@ -75,7 +81,14 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     audit.install(app, sessions)
     app.state.max_artifact_bytes = settings.max_artifact_bytes
     _routes(app, registry, broadcaster, store)
+    app.include_router(rollout_router(rollouts))
     return app
+
+
+def _rollout_metrics(settings: ControlPlaneSettings) -> MetricsSource:
+    if settings.prometheus_url:
+        return PrometheusSource(settings.prometheus_url)
+    return StatisticsServiceSource(settings.resolved_statistics_url())
 
 
 def _listeners(settings: ControlPlaneSettings, store: ArtifactStore) -> list:

@@ -172,3 +172,32 @@ class MetricCreate(BaseModel):
 
 class LogFreq(BaseModel):
     log_freq: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+
+
+class RolloutStart(BaseModel):
+    """`serving rollout start`: move a version's share step by step, gated on its live metrics."""
+
+    endpoint: str = Field(pattern=NAME)
+    model: str = Field(pattern=NAME)
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="latest when omitted")
+    steps: list[float] = Field(min_length=1, max_length=50, description="percent of traffic at each step, ending at 100")
+    interval_s: float = Field(gt=0, le=7 * 86400, allow_inf_nan=False, description="seconds each step lasts")
+    max_error_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description="fraction, e.g. 0.01")
+    max_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
+    max_drift: float | None = Field(None, gt=0, allow_inf_nan=False, description="largest PSI of the version's variables")
+    min_requests: int = Field(1, ge=1, le=10**9, description="requests the candidate needs in a step to be judged")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: list[float]) -> list[float]:
+        if any(not math.isfinite(s) or s <= 0 or s > 100 for s in steps):
+            raise ValueError("steps are percents above 0 and at most 100")
+        if any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError("steps must increase, e.g. 5,25,50,100")
+        if steps[-1] != 100:
+            raise ValueError("the last step must be 100 (the candidate takes all traffic before it is promoted)")
+        return steps
+
+    def gates(self) -> dict[str, Any]:
+        return {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "max_drift": self.max_drift,
+                "min_requests": self.min_requests}

@@ -35,9 +35,19 @@ class ControlPlaneSettings(CommonSettings):
     triton_control_url: str | None = None
     admin_token: str | None = None  # bootstrap admin token; unset: $SERVING_HOME/tokens/admin, created 0600
     max_artifact_bytes: int = 2 * 1024**3  # one upload past it: 413, its temp file removed
+    # rollout gates read the statistics service's /metrics, or a Prometheus scraping it when set
+    statistics_host: str = "127.0.0.1"
+    statistics_port: int = 9999
+    statistics_url: str | None = None
+    prometheus_url: str | None = None
+    rollout_tick_s: float = 0.5
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'registry.db'}"
+
+    def resolved_statistics_url(self) -> str:
+        host = "127.0.0.1" if self.statistics_host in ("0.0.0.0", "::", "") else self.statistics_host
+        return self.statistics_url or f"http://{host}:{self.statistics_port}"
 
 
 class WorkerSettings(CommonSettings):

@@ -7,6 +7,7 @@ from serving.cli import processes, tokens
 from serving.cli.client import ControlPlane
 from serving.cli.endpoints import canary_app, endpoint_app, metrics_app
 from serving.cli.models import app as model_app
+from serving.cli.rollouts import app as rollout_app
 
 app = typer.Typer(help="Serve ONNX models behind Triton: registry, canaries, workers, statistics.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -31,6 +32,7 @@ app.add_typer(metrics_app, name="metrics")
 app.add_typer(tokens.token_app, name="token")
 app.command()(tokens.login)
 app.command()(tokens.audit)
+app.add_typer(rollout_app, name="rollout")
 for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.statistics):
     app.command()(command)
 app.command("control-plane")(processes.control_plane)

@@ -1,0 +1,259 @@
+"""Progressive rollouts gated on live metrics: the control plane moves a candidate version's share
+step by step and rolls it back by itself when a gate fails.
+
+Each step lasts ``interval_s``. At its end the candidate's window (requests, error rate, p99
+latency, drift, from ``rollout_metrics``) is checked against the gates: all pass -> the next
+step (after the last, 100%, the candidate is promoted); one fails -> the stable version takes
+all traffic again and the reason is recorded. Too little traffic to judge holds the step.
+
+The state lives in the ``rollouts`` table, so a restarted control plane resumes a rollout at
+its step with a fresh window. Two control planes on one database do not both act on a step:
+each change is conditional on the step it read (``UPDATE ... WHERE step_index = ?``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from registry import schemas
+from registry.orm import AuditEntry, Endpoint, EndpointTarget, Rollout
+from registry.rollout_metrics import Counters, MetricsSource, Window
+from registry.service import Conflict, NotFound, Registry
+
+log = logging.getLogger(__name__)
+ACTOR = "rollout-controller"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    return t if t is None or t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite drops the zone
+
+
+def gate_failure(window: Window, gates: dict[str, Any]) -> str | None:
+    """Why the window fails a gate, or None when it passes them all."""
+    n = int(window.requests)
+    if gates.get("max_error_rate") is not None and window.error_rate > gates["max_error_rate"]:
+        return (f"error rate {window.error_rate:.1%} > {gates['max_error_rate']:.1%} "
+                f"({int(window.errors)} of {n} requests were not 2xx)")
+    if gates.get("max_p99_ms") is not None and window.p99_s is not None and window.p99_s * 1000 > gates["max_p99_ms"]:
+        return f"p99 latency {window.p99_s * 1000:.0f} ms > {gates['max_p99_ms']:g} ms over {n} requests"
+    if gates.get("max_drift") is not None and window.drift is not None and window.drift > gates["max_drift"]:
+        return f"drift (PSI) {window.drift:.3f} > {gates['max_drift']:g}"
+    return None
+
+
+def rollout_out(r: Rollout) -> dict[str, Any]:
+    return {"id": r.id, "endpoint": r.endpoint.name, "model": r.model.name, "version": r.model.version,
+            "state": r.state, "steps": r.steps, "step": r.step_index, "weight": r.steps[r.step_index],
+            "interval_s": r.interval_s, "gates": r.gates, "reason": r.reason, "history": r.history,
+            "started_at": _aware(r.started_at).isoformat(), "updated_at": _aware(r.updated_at).isoformat(),
+            "next_step_at": _aware(r.next_step_at).isoformat() if r.next_step_at else None}
+
+
+@dataclass
+class Rollouts:
+    registry: Registry
+    source: MetricsSource
+    clock: Callable[[], datetime] = utcnow
+
+    def __post_init__(self) -> None:
+        self._baselines: dict[int, Counters | None] = {}
+
+    # --- API ------------------------------------------------------------------------------
+    def start(self, req: schemas.RolloutStart, actor: str = "anonymous") -> dict[str, Any]:
+        with self.registry.sessions() as s:
+            ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
+            if ep is None:
+                raise NotFound(f"endpoint {req.endpoint} not found")
+            if s.scalar(select(Rollout.id).where(Rollout.endpoint_id == ep.id, Rollout.state == "running")):
+                raise Conflict(f"endpoint {req.endpoint} already has a rollout running; abort it first")
+            engine = ep.engine
+        # the candidate joins as a canary (checks: model exists, fits the engine, a stable version exists)
+        self.registry.deploy(schemas.EndpointDeploy(endpoint=req.endpoint, model=req.model, version=req.version,
+                                                    engine=engine, canary=min(req.steps[0], 99.0)))
+        now = self.clock()
+        with self.registry.sessions() as s:
+            ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
+            candidate = next(t for t in ep.targets if t.role == "canary")
+            _split(ep, candidate.model_id, req.steps[0])
+            r = Rollout(endpoint=ep, model=candidate.model, state="running", steps=list(req.steps), step_index=0,
+                        interval_s=req.interval_s, gates=req.gates(), reason="", started_at=now, updated_at=now,
+                        next_step_at=now + timedelta(seconds=req.interval_s),
+                        history=[_event(now, "started", 0, req.steps[0])])
+            s.add(r)
+            s.add(AuditEntry(at=now, actor=actor, action="rollout.start", target=req.endpoint,
+                             detail={"model": candidate.model.name, "version": candidate.model.version,
+                                     "steps": list(req.steps), "gates": req.gates()}))
+            self.registry._commit(s)
+            self._baselines[r.id] = self.source.snapshot(req.endpoint, candidate.model.version)
+            return rollout_out(r)
+
+    def list(self, endpoint: str | None = None) -> list[dict[str, Any]]:
+        with self.registry.sessions() as s:
+            q = select(Rollout).order_by(Rollout.id.desc())
+            if endpoint:
+                q = q.join(Endpoint).where(Endpoint.name == endpoint)
+            return [rollout_out(r) for r in s.scalars(q)]
+
+    def abort(self, endpoint: str, actor: str = "anonymous") -> dict[str, Any]:
+        with self.registry.sessions() as s:
+            r = s.scalar(select(Rollout).join(Endpoint).where(Endpoint.name == endpoint, Rollout.state == "running"))
+            if r is None:
+                raise NotFound(f"endpoint {endpoint} has no rollout running")
+            self._finish(s, r, "aborted", f"aborted by {actor}", keep="stable", actor=actor)
+            return rollout_out(r)
+
+    # --- controller -----------------------------------------------------------------------
+    def resume(self) -> int:
+        """After a restart: every running rollout continues at its step with a fresh window."""
+        now = self.clock()
+        with self.registry.sessions() as s:
+            running = list(s.scalars(select(Rollout).where(Rollout.state == "running")))
+            for r in running:
+                r.next_step_at = now + timedelta(seconds=r.interval_s)
+                r.history = [*r.history, _event(now, "resumed after a control-plane restart", r.step_index,
+                                                r.steps[r.step_index])]
+                self._baselines[r.id] = self.source.snapshot(r.endpoint.name, r.model.version)
+            s.commit()
+            return len(running)
+
+    def tick(self) -> None:
+        now = self.clock()
+        with self.registry.sessions() as s:
+            due = [r.id for r in s.scalars(select(Rollout).where(Rollout.state == "running"))
+                   if _aware(r.next_step_at) is None or _aware(r.next_step_at) <= now]
+        for rollout_id in due:
+            try:
+                self._step(rollout_id, now)
+            except Exception:  # one rollout's trouble must not stop the others
+                log.exception("rollout %s: step failed", rollout_id)
+
+    def _step(self, rollout_id: int, now: datetime) -> None:
+        with self.registry.sessions() as s:
+            r = s.get(Rollout, rollout_id)
+            if r is None or r.state != "running":
+                return
+            endpoint, version, step = r.endpoint.name, r.model.version, r.step_index
+            try:
+                window = self.source.window(endpoint, version, self._baselines.get(r.id), r.interval_s)
+            except ConnectionError as exc:
+                self._hold(s, r, now, f"holding: {exc}")
+                return
+            observed = {"requests": window.requests, "error_rate": round(window.error_rate, 4),
+                        "p99_ms": None if window.p99_s is None else round(window.p99_s * 1000, 1),
+                        "drift": window.drift}
+            if window.requests < r.gates.get("min_requests", 1):
+                self._hold(s, r, now, f"holding: {int(window.requests)} request(s) reached the candidate, "
+                                      f"{r.gates.get('min_requests', 1)} needed to judge", observed, keep_baseline=True)
+                return
+            failure = gate_failure(window, r.gates)
+            if failure:
+                self._finish(s, r, "rolled_back", f"rolled back at step {step + 1} ({r.steps[step]:g}%): {failure}",
+                             keep="stable", observed=observed)
+            elif step == len(r.steps) - 1:
+                self._finish(s, r, "succeeded", f"promoted: every gate passed at all {len(r.steps)} steps",
+                             keep="candidate", observed=observed)
+            else:
+                weight = r.steps[step + 1]
+                claimed = s.execute(update(Rollout).where(Rollout.id == r.id, Rollout.step_index == step)
+                                    .values(step_index=step + 1, updated_at=now,
+                                            next_step_at=now + timedelta(seconds=r.interval_s),
+                                            history=[*r.history, _event(now, "gates passed", step + 1, weight, observed)]))
+                if claimed.rowcount != 1:
+                    s.rollback()  # another control plane took this step
+                    return
+                s.expire(r)
+                _split(r.endpoint, r.model_id, weight)
+                self.registry._commit(s)
+                self._baselines[r.id] = self.source.snapshot(endpoint, version)
+
+    def _hold(self, s: Session, r: Rollout, now: datetime, why: str, observed: dict | None = None,
+              keep_baseline: bool = False) -> None:
+        r.next_step_at = now + timedelta(seconds=r.interval_s)
+        r.reason = why
+        last = r.history[-1] if r.history else {}
+        if last.get("event") != why:
+            r.history = [*r.history, _event(now, why, r.step_index, r.steps[r.step_index], observed)]
+        s.commit()
+        if not keep_baseline:
+            self._baselines[r.id] = self.source.snapshot(r.endpoint.name, r.model.version)
+
+    def _finish(self, s: Session, r: Rollout, state: str, reason: str, keep: str, observed: dict | None = None,
+                actor: str = ACTOR) -> None:
+        now = self.clock()
+        ep = r.endpoint
+        if keep == "candidate":
+            candidate = next(t for t in ep.targets if t.model_id == r.model_id)
+            for t in [t for t in ep.targets if t.role in ("stable", "canary") and t is not candidate]:
+                ep.targets.remove(t)
+            candidate.role, candidate.weight = "stable", 100.0
+        else:
+            for t in [t for t in ep.targets if t.model_id == r.model_id and t.role == "canary"]:
+                ep.targets.remove(t)
+            for t in ep.targets:
+                if t.role == "stable":
+                    t.weight = 100.0
+        r.state, r.reason, r.next_step_at, r.updated_at = state, reason, None, now
+        weight = 100.0 if keep == "candidate" else 0.0
+        r.history = [*r.history, _event(now, reason, r.step_index, weight, observed)]
+        s.add(AuditEntry(at=now, actor=actor, action=f"rollout.{state}", target=ep.name,
+                         detail={"version": r.model.version, "reason": reason}))
+        self.registry._commit(s)
+        self._baselines.pop(r.id, None)
+
+
+def _split(ep: Endpoint, candidate_model_id: int, weight: float) -> None:
+    """The candidate takes ``weight`` percent, the stable version the rest; shadows keep their share."""
+    for t in ep.targets:
+        if t.model_id == candidate_model_id:
+            t.weight = float(weight)
+        elif t.role == "stable":
+            t.weight = 100.0 - float(weight)
+        elif t.role == "canary":
+            t.weight = 0.0
+
+
+def _event(at: datetime, event: str, step: int, weight: float, observed: dict | None = None) -> dict[str, Any]:
+    return {"at": at.isoformat(), "event": event, "step": step, "weight": weight, **({"observed": observed} if observed else {})}
+
+
+class RolloutController:
+    """Ticks the rollouts from a thread of the control-plane process."""
+
+    def __init__(self, rollouts: Rollouts, period_s: float = 0.5) -> None:
+        self.rollouts = rollouts
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "RolloutController":
+        try:
+            resumed = self.rollouts.resume()
+            if resumed:
+                log.info("resumed %d running rollout(s)", resumed)
+        except Exception:
+            log.exception("could not resume rollouts")
+        self._thread = threading.Thread(target=self._run, name="rollouts", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.rollouts.tick()
+            except Exception:
+                log.exception("rollout tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
