@@ -26,7 +26,7 @@ from typing import Callable
 import httpx
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # one line per event, also in a log file
 
 PR_SET_PDEATHSIG = 1
 
