@@ -4,12 +4,14 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from registry import schemas
+from registry.auth import principal_of
 from registry.rollouts import Rollouts
 
 
 def actor(request: Request) -> str:
-    """Who asked, for the audit log: the token's name once authentication has put it on the request."""
-    return getattr(request.state, "actor", None) or "anonymous"
+    """Who asked (the token's name), recorded in the rollout's history."""
+    principal = principal_of(request)
+    return principal.name if principal is not None else "anonymous"
 
 
 def rollout_router(rollouts: Rollouts) -> APIRouter:

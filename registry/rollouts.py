@@ -88,11 +88,8 @@ class Rollouts:
             r = Rollout(endpoint=ep, model=candidate.model, state="running", steps=list(req.steps), step_index=0,
                         interval_s=req.interval_s, gates=req.gates(), reason="", started_at=now, updated_at=now,
                         next_step_at=now + timedelta(seconds=req.interval_s),
-                        history=[_event(now, "started", 0, req.steps[0])])
-            s.add(r)
-            s.add(AuditEntry(at=now, actor=actor, action="rollout.start", target=req.endpoint,
-                             detail={"model": candidate.model.name, "version": candidate.model.version,
-                                     "steps": list(req.steps), "gates": req.gates()}))
+                        history=[_event(now, f"started by {actor}", 0, req.steps[0])])
+            s.add(r)  # the API call itself is in the audit log (registry/audit.py)
             self.registry._commit(s)
             self._baselines[r.id] = self.source.snapshot(req.endpoint, candidate.model.version)
             return rollout_out(r)
@@ -205,8 +202,9 @@ class Rollouts:
         r.state, r.reason, r.next_step_at, r.updated_at = state, reason, None, now
         weight = 100.0 if keep == "candidate" else 0.0
         r.history = [*r.history, _event(now, reason, r.step_index, weight, observed)]
-        s.add(AuditEntry(at=now, actor=actor, action=f"rollout.{state}", target=ep.name,
-                         detail={"version": r.model.version, "reason": reason}))
+        if actor == ACTOR:  # the controller's own decisions; API calls are audited as they come in
+            s.add(AuditEntry(at=now, actor=actor, action=f"rollout.{state}", target=ep.name,
+                             detail={"version": r.model.version, "reason": reason}))
         self.registry._commit(s)
         self._baselines.pop(r.id, None)
 
