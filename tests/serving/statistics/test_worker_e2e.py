@@ -32,7 +32,8 @@ def test_worker_requests_reach_prometheus(prom: Prometheus, stats_service: Servi
     spec = endpoint_spec("worker-e", tiny_model, store, tmp_path, versions=((1, 50.0), (2, 50.0)))
     settings = WorkerSettings(home=home, artifact_dir=home / "artifacts", control_plane_url="http://127.0.0.1:9",
                               statistics_enabled=True, statistics_host="127.0.0.1",
-                              statistics_port=stats_service.port, kafka_bootstrap_servers=None)
+                              statistics_port=stats_service.port, kafka_bootstrap_servers=None,
+                              worker_token=stats_service.env["SERVING_WORKER_TOKEN"])
     with TestClient(create_app(settings, snapshot=snapshot(spec))) as client:
         codes = [client.post("/serve/worker-e", json={"text": TEXTS[i % 2]}).status_code for i in range(40)]
     assert codes == [200] * 40  # leaving the client closes the recorder, which flushes it
