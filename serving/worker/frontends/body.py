@@ -70,7 +70,26 @@ async def read_serve_body(request: Request, limit: int) -> Any:
     return raw
 
 
+def _plain(value: Any) -> Any:
+    """What orjson cannot write itself: numpy scalars, sets and tuples-of-odd-things, bytes; else str()."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
 def json_response(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """orjson straight to bytes: numpy-derived floats and lists without FastAPI's encoder pass."""
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status_code,
-                    headers=headers, media_type="application/json")
+    return Response(orjson.dumps(content, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY),
+                    status_code=status_code, headers=headers, media_type="application/json")
+
+
+def answer_response(content: Any, headers: dict[str, str] | None = None) -> Response:
+    """A postprocess that returns bytes answers them as they are (an image, a file), as ClearML Serving
+    does; anything else as JSON."""
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        return Response(bytes(content), headers=headers, media_type="application/octet-stream")
+    return json_response(content, headers=headers)

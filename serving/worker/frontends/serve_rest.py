@@ -5,7 +5,8 @@ from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
-from serving.worker.frontends.body import json_response, read_serve_body
+from serving.worker.frontends.body import answer_response, read_serve_body
+from serving.worker.frontends.openapi_bodies import SERVE_BODY
 
 VERSION_HEADER = "X-Model-Version"
 ROUTING_HEADER = "X-Routing-Key"
@@ -31,13 +32,13 @@ def serve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
             dataplane.reject(endpoint, exc.status)
             raise
         answer = await dataplane.infer(endpoint, body, version, request.headers.get(ROUTING_HEADER))
-        return json_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
+        return answer_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
 
-    @router.post("/serve/{endpoint}")
+    @router.post("/serve/{endpoint}", openapi_extra=SERVE_BODY)
     async def serve_latest(endpoint: str, request: Request) -> Response:
         return await serve(request, endpoint, None)
 
-    @router.post("/serve/{endpoint}/{version}")
+    @router.post("/serve/{endpoint}/{version}", openapi_extra=SERVE_BODY)
     async def serve_version(endpoint: str, version: str, request: Request) -> Response:
         return await serve(request, endpoint, parse_version(version))
 

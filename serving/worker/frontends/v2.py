@@ -12,6 +12,7 @@ from serving import __version__
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError, Unavailable
 from serving.worker.frontends.body import json_response, read_body
+from serving.worker.frontends.openapi_bodies import V2_INFER_BODY
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
 from serving.worker.runtime import Target
@@ -79,11 +80,11 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
         dataplane.route(dataplane.endpoint(name), parse_version(version), None)
         return await model_ready(name)
 
-    @router.post("/models/{name}/infer")
+    @router.post("/models/{name}/infer", openapi_extra=V2_INFER_BODY)
     async def infer_latest(name: str, request: Request) -> Response:
         return await infer(request, name, None)
 
-    @router.post("/models/{name}/versions/{version}/infer")
+    @router.post("/models/{name}/versions/{version}/infer", openapi_extra=V2_INFER_BODY)
     async def infer_version(name: str, version: str, request: Request) -> Response:
         return await infer(request, name, version)
 

@@ -195,6 +195,12 @@ class Preprocess:
     assert r.status_code == 413 and "unpacks to over the limit" in r.json()["error"]
     r = client.post("/serve/echo", content=b"{}", headers={"Content-Encoding": "br"})
     assert r.status_code == 415 and "use gzip" in r.json()["error"]
+    template = {"name": "tmpl", "engine": "custom", "targets": [], "metrics": [], "log_freq": 1.0, "batching": {},
+                "preprocess": {"kind": "user", "artifact": store.put_file(
+                    EXAMPLES / "preprocess_template" / "preprocess_template.py")[0]}}
+    client2, _ = make_client(template)
+    r = client2.post("/serve/tmpl", content=jpeg, headers={"Content-Type": "image/jpeg"})
+    assert r.status_code == 200 and r.content == jpeg and r.headers["content-type"] == "application/octet-stream"
     r = client.post("/serve/clf", content=b"\x89PNG...", headers={"Content-Type": "image/png"})
     assert r.status_code == 422 and "JSON object" in r.json()["error"]
 

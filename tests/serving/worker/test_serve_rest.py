@@ -58,7 +58,7 @@ def test_unknown_endpoint_version_and_oversized_body(make_client, clf_spec):
     r = client.post("/serve/clf/9", json={"text": "x"})
     assert r.status_code == 404 and "version 9" in r.json()["error"]
     r = client.post("/serve/clf/latest", json={"text": "x"})
-    assert r.status_code == 404 and "positive integer" in r.json()["error"]
+    assert r.status_code == 404 and "an integer from 1 to 2147483647" in r.json()["error"]
     r = client.post("/serve/clf", json={"text": "x" * 2000})
     assert r.status_code == 413 and "1000 bytes" in r.json()["error"]
 
