@@ -163,7 +163,8 @@ class Registry:
     def deploy(self, req: schemas.EndpointDeploy) -> Endpoint:
         if req.shadow is not None:  # a copy of req.shadow% of the requests, never an answer
             return self.set_shadow(req)
-        with self.sessions() as s:
+
+        def put(s: Session) -> None:
             model = _model(s, req.model, req.version) if req.model else None
             self._check_deployable(req, model)
             ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
@@ -190,8 +191,10 @@ class Registry:
             else:
                 ep.auto_update = {}
                 ep.targets.clear()
-            self._commit(s)
-            return self._endpoint(s, req.endpoint)
+            s.flush()
+
+        self._write(put, f"deploying endpoint {req.endpoint}")
+        return self.get_endpoint(req.endpoint)
 
     def _check_deployable(self, req: schemas.EndpointDeploy, model: ModelVersion | None) -> None:
         if model is None:
@@ -254,16 +257,21 @@ class Registry:
     def follow_new_version(self, model_name: str) -> list[str]:
         """Auto-update endpoints of this model move to its newest versions (ClearML's ``model auto-update``)."""
         with self.sessions() as s:
+            if not any((ep.auto_update or {}).get("model") == model_name for ep in s.scalars(select(Endpoint))):
+                return []  # nothing follows this model: no write, no new revision
+
+        def follow(s: Session) -> list[str]:
             changed = [ep for ep in s.scalars(select(Endpoint)) if (ep.auto_update or {}).get("model") == model_name]
             for ep in changed:
                 _route_newest(s, ep)
-            if changed:
-                self._commit(s)
+            s.flush()
             return [ep.name for ep in changed]
+
+        return self._write(follow, f"following the newest versions of {model_name}")
 
     def set_newest_weights(self, name: str, req: schemas.NewestWeights) -> Endpoint:
         """Weights for the newest versions, oldest first; kept by auto-update endpoints for later versions."""
-        with self.sessions() as s:
+        def weigh(s: Session) -> None:
             ep = self._endpoint(s, name)
             if ep.auto_update:
                 ep.auto_update = {**ep.auto_update, "weights": req.weights}
@@ -276,8 +284,10 @@ class Registry:
                     t.weight = 0.0
                 for t, w in zip(targets[-len(req.weights):], req.weights):
                     t.weight = w
-            self._commit(s)
-            return self._endpoint(s, name)
+            s.flush()
+
+        self._write(weigh, f"setting the newest weights of endpoint {name}")
+        return self.get_endpoint(name)
 
     def set_weights(self, name: str, req: schemas.CanaryWeights) -> Endpoint:
         def weigh(s: Session) -> None:
@@ -327,9 +337,11 @@ class Registry:
             return self._endpoint(s, name)
 
     def remove_endpoint(self, name: str) -> None:
-        with self.sessions() as s:
+        def remove(s: Session) -> None:
             s.delete(self._endpoint(s, name))
-            self._commit(s)
+            s.flush()
+
+        self._write(remove, f"removing endpoint {name}")
 
     def set_log_freq(self, name: str, freq: float) -> None:
         def set_freq(s: Session) -> None:
@@ -340,7 +352,7 @@ class Registry:
 
     # --- metric definitions -----------------------------------------------------------
     def add_metric(self, endpoint: str, req: schemas.MetricCreate) -> None:
-        with self.sessions() as s:
+        def add(s: Session) -> None:
             ep = self._endpoint(s, endpoint)
             spec = {"buckets": req.buckets} if req.kind == "scalar" else {"values": req.values} if req.kind == "enum" else {}
             existing = next((m for m in ep.metrics if m.name == req.name), None)
@@ -348,16 +360,20 @@ class Registry:
                 ep.metrics.append(MetricDefinition(name=req.name, kind=req.kind, spec=spec))
             else:
                 existing.kind, existing.spec = req.kind, spec
-            self._commit(s)
+            s.flush()
+
+        self._write(add, f"declaring variable {req.name} of endpoint {endpoint}")
 
     def remove_metric(self, endpoint: str, name: str) -> None:
-        with self.sessions() as s:
+        def remove(s: Session) -> None:
             ep = self._endpoint(s, endpoint)
             metric = next((m for m in ep.metrics if m.name == name), None)
             if metric is None:
                 raise NotFound(f"endpoint {endpoint} has no metric {name}")
             ep.metrics.remove(metric)
-            self._commit(s)
+            s.flush()
+
+        self._write(remove, f"removing variable {name} of endpoint {endpoint}")
 
     @staticmethod
     def _endpoint(s: Session, name: str) -> Endpoint:

@@ -167,3 +167,28 @@ def test_temp_file_of_an_upload_killed_midway_is_removed_at_restart(tmp_path):
         assert list(artifacts.glob(".upload-*")) == []
     finally:
         stack.stop_all()
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_deploys_auto_updates_and_variables_never_500(control_plane, tmp_path):
+    """The ClearML-style writes (deploy, auto-update, newest weights, variables) queue like the others."""
+    data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
+    with control_plane.api(timeout=60) as client:
+        sha = client.post("/artifacts", content=data).json()["sha256"]
+        assert client.post("/models", json={"name": "m", "artifact": sha}).status_code == 201
+        assert client.post("/endpoints", json={"endpoint": "auto", "model": "m", "max_versions": 3}).status_code == 201
+
+        def write(i: int) -> int:
+            calls = [lambda: client.post("/endpoints", json={"endpoint": f"e{i % 3}", "model": "m"}),
+                     lambda: client.post("/models", json={"name": "m", "artifact": sha}),
+                     lambda: client.put("/endpoints/auto/newest-weights", json={"weights": [1, 1, 2]}),
+                     lambda: client.post("/endpoints/auto/metrics", json={"name": f"v{i % 4}", "kind": "value"})]
+            return calls[i % len(calls)]().status_code
+
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            statuses = list(pool.map(write, range(48)))
+        assert all(s < 500 for s in statuses), statuses
+        assert statuses.count(201) + statuses.count(200) == len(statuses), statuses
+        versions = [t["version"] for t in client.get("/endpoints/auto").json()["targets"]]
+        newest = max(m["version"] for m in client.get("/models", params={"name": "m"}).json())
+        assert versions == [newest - 2, newest - 1, newest]
