@@ -1,13 +1,15 @@
 """Embedded Triton for `serving triton` and `serving up`: a real tritonserver, no container.
 
-The PyTriton wheel ships tritonserver with only the python backend, so each ONNX
-model is served by an onnxruntime session in this process, bound through
-PyTriton behind Triton's own dynamic batcher. Workers talk to it exactly as to
-a standalone Triton (gRPC/HTTP, model ``{model}_v{version}``), so swapping in a
-GPU Triton later changes a URL, not code.
+Each ONNX model runs in Triton's own Python backend: the model repository entry written by
+serving/triton/python_backend.py holds a ``model.py`` (serving/triton/backend_model.py) that
+opens one onnxruntime session in the backend's stub process and answers each batch Triton's
+dynamic batcher forms with one ``session.run``. The nvidia-pytriton wheel is used only for the
+``tritonserver`` binary and Python backend it ships; its proxy and tensor store are not in the
+path. Workers talk to it exactly as to a standalone Triton (gRPC/HTTP, model
+``{model}_v{version}``), so swapping in a GPU Triton later changes a URL, not code.
 
-It follows the control plane's snapshots (ConfigSubscriber), fetches artifacts
-by hash, and binds models added later into the running server, no restart.
+It follows the control plane's snapshots (ConfigSubscriber), fetches artifacts by hash, and
+loads/unloads models in the running server (``--model-control-mode=explicit``), no restart.
 Run it alone with ``python -m serving.triton.embedded``.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sysconfig
 import tempfile
 import threading
@@ -26,13 +29,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
 from serving.ort import session as ort_session
 from serving.settings import TritonSettings
-from serving.triton.naming import TRITON_VERSION
+from serving.triton.python_backend import ACCESS_HEADER, default_threads, server_command, start_server, write_entry
 from serving.triton.repository import TritonTarget, triton_targets
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,7 @@ def adopt_orphans() -> None:
 
 
 def kill_descendants(grace_s: float = 3.0) -> int:
-    """Stop every process under this one (tritonserver, stubs, PyTriton's tensor store and
-    resource tracker): SIGTERM, then SIGKILL after ``grace_s``; reaps them. Returns how many."""
+    """Stop every process under this one (tritonserver, its Python-backend stubs): SIGTERM, then SIGKILL after ``grace_s``; reaps them. Returns how many."""
     import psutil
 
     try:
@@ -129,26 +129,6 @@ def fix_library_path() -> None:
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
 
 
-def default_ort_threads() -> int:
-    """Every core: the model is most of the work, and the workers' share (HTTP, tokenizing) is
-    small and mostly spent while Triton waits for a batch; spinning is off, so idle threads cost
-    nothing (half the cores left the W2 benchmark at 40% of the ceiling)."""
-    return os.cpu_count() or 1
-
-
-def triton_config(settings: TritonSettings) -> Any:
-    """Ports from settings, loopback by default (Triton would bind 0.0.0.0 otherwise)."""
-    from pytriton.triton import TritonConfig
-
-    host = settings.triton_host
-    return TritonConfig(
-        http_address=host, http_port=settings.triton_http_port,
-        grpc_address=host, grpc_port=settings.triton_grpc_port,
-        metrics_address=host, metrics_port=settings.triton_metrics_port,
-        allow_gpu_metrics=False, exit_timeout_secs=5, log_verbose=0,
-    )
-
-
 def session_signature(session: Any) -> dict[str, Any]:
     """Fallback signature read from the ONNX graph when the snapshot carries none."""
     def spec(arg: Any) -> dict[str, Any]:
@@ -160,55 +140,21 @@ def session_signature(session: Any) -> dict[str, Any]:
     return {"inputs": [spec(a) for a in session.get_inputs()], "outputs": [spec(a) for a in session.get_outputs()]}
 
 
-def tensors(specs: list[dict[str, Any]], batched: bool) -> list[Any]:
-    """PyTriton tensors. With batching on, the batch dimension is Triton's, so it is stripped from
-    the signature shape; with it off (``max_batch_size: 0``) the model sees whole shapes, as in a
-    config.pbtxt, and the worker's ``[1, seq]`` requests must match them."""
-    from pytriton.model_config import Tensor
-    from tritonclient.utils import triton_to_np_dtype
-
-    out = []
-    for spec in specs:
-        dtype = triton_to_np_dtype(spec["dtype"].upper())
-        dtype = bytes if dtype is np.object_ else dtype
-        out.append(Tensor(name=spec["name"], dtype=dtype, shape=tuple(spec["shape"][int(batched):]) or (1,)))
-    return out
-
-
-def make_infer_fn(session: Any, input_names: list[str], output_names: list[str]) -> Callable:
-    """Triton's batcher only groups same-shape requests, so @batch can concatenate them
-    (without batching each call holds one request, which @batch passes through)."""
-    from pytriton.decorators import batch
-
-    @batch
-    def infer(**inputs: np.ndarray) -> dict[str, np.ndarray]:
-        feeds = {name: inputs[name] for name in input_names}
-        return dict(zip(output_names, session.run(output_names, feeds)))
-
-    return infer
-
-
-def pytriton_model_config(batching: dict[str, Any]) -> Any:
-    from pytriton.model_config import DynamicBatcher, ModelConfig
-
-    max_batch = int(batching.get("max_batch_size") or 0)
-    preferred = sorted({int(s) for s in batching.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
-    batcher = DynamicBatcher(max_queue_delay_microseconds=int(batching.get("max_queue_delay_us") or 0),
-                             preferred_batch_size=preferred or None)
-    return ModelConfig(batching=max_batch > 0, max_batch_size=max(max_batch, 1), batcher=batcher)
-
-
 class ModelBinder:
-    """Binds each triton-engine target of the newest snapshot into the running PyTriton server."""
+    """Keeps the model repository and the running tritonserver equal to the newest snapshot."""
 
-    def __init__(self, triton: Any, artifact_path: Callable[[str], Path], ort_threads: int, http_url: str) -> None:
-        self.triton = triton
+    def __init__(self, server: subprocess.Popen, repo_dir: Path, artifact_path: Callable[[str], Path],
+                 ort_threads: int | None, http_url: str, token: str) -> None:
+        self.server = server
+        self.repo_dir = repo_dir
         self.artifact_path = artifact_path
-        self.ort_threads = ort_threads
+        self.ort_threads = ort_threads  # None: the cores shared out among a model's instances
         self.http_url = http_url
+        self.headers = {ACCESS_HEADER: token}
         self.bound: dict[str, str] = {}  # triton name -> artifact sha
         self.wanted: dict[str, TritonTarget] = {}
-        self.lock = threading.RLock()  # binding and liveness checks must not interleave
+        self.signatures: dict[str, dict[str, Any]] = {}  # artifact -> signature read from the graph
+        self.lock = threading.RLock()  # loads and liveness checks must not interleave
         self.closed = False
 
     def apply(self, snapshot: dict[str, Any]) -> None:
@@ -218,49 +164,42 @@ class ModelBinder:
             self.reconcile()
 
     def reconcile(self) -> None:
-        """Make Triton hold exactly what the registry deploys: unbind what is no longer wanted
-        (or changed artifact), bind what is missing, and bind again what Triton lost (a model
-        unloaded through its control API, a failed reload)."""
+        """Make Triton hold exactly what the registry deploys: unload what is no longer wanted,
+        (re)write and load what is missing or changed, and load again what Triton lost (a model
+        unloaded through its control API, a failed load)."""
         with self.lock:
             if self.closed:
                 return
             for name in self._lost():
                 log.warning("Triton no longer has %s ready (unloaded behind our back?); loading it again", name)
-                self._guard(self._unbind, name)
-            for name, artifact in list(self.bound.items()):
-                if self.wanted.get(name) is None or self.wanted[name].artifact != artifact:
-                    self._guard(self._unbind, name)
+                self.bound.pop(name, None)
+            for name in [n for n in list(self.bound) if n not in self.wanted]:
+                self._guard(self._unload, name)
             for name, target in self.wanted.items():
-                if name not in self.bound:
-                    self._guard(self._bind, target)
+                self._guard(self._load, target)
+
+    def _client(self, timeout: float) -> Any:
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(self.http_url, network_timeout=timeout, connection_timeout=timeout)
 
     def _lost(self) -> list[str]:
-        """Bound models Triton does not report ready (its repository index does not list models
-        PyTriton loads with their files inline, so each is asked)."""
+        """Loaded models Triton's repository index does not show READY."""
         if not self.bound:
             return []
-        import tritonclient.http as httpclient
-        from pytriton.client.auth import create_auth_headers
-
-        client = httpclient.InferenceServerClient(self.http_url, network_timeout=5.0, connection_timeout=5.0)
-        lost = []
+        client = self._client(5.0)
         try:
-            headers = create_auth_headers(self.triton.get_access_token(), "http")
-            if not client.is_server_live(headers=headers):
-                return []
-            for name in self.bound:
-                if not client.is_model_ready(name, headers=headers):
-                    lost.append(name)
+            index = client.get_model_repository_index(headers=self.headers)
         except Exception as exc:  # server down or restarting: the liveness check deals with that
-            log.debug("cannot ask Triton which models are ready: %s", exc)
+            log.debug("cannot read Triton's repository index: %s", exc)
             return []
         finally:
             client.close()
-        return lost
+        ready = {m.get("name") for m in index if isinstance(m, dict) and m.get("state") == "READY"}
+        return [name for name in self.bound if name not in ready]
 
     def alive(self) -> bool:
-        with self.lock:
-            return self.triton.is_alive()
+        return self.server.poll() is None
 
     def close(self) -> None:
         with self.lock:
@@ -272,62 +211,40 @@ class ModelBinder:
         except Exception:
             log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), getattr(arg, "name", arg))
 
-    def _bind(self, target: TritonTarget) -> None:
-        session = ort_session(self.artifact_path(target.artifact), self.ort_threads)
-        signature = target.signature or session_signature(session)
-        input_names = [s["name"] for s in signature["inputs"]]
-        output_names = [s["name"] for s in signature["outputs"]]
+    def _signature(self, target: TritonTarget, onnx_path: Path) -> dict[str, Any]:
+        if target.signature:
+            return target.signature
+        if target.artifact not in self.signatures:
+            self.signatures[target.artifact] = session_signature(ort_session(onnx_path, 1))
+        return self.signatures[target.artifact]
+
+    def _load(self, target: TritonTarget) -> None:
+        """Write the model's repository entry; load it when new, changed or lost (a load of a
+        loaded model makes Triton swap in the new files)."""
+        onnx_path = self.artifact_path(target.artifact)
         instances = max(1, int(target.batching.get("instances") or 1))
-        batched = int(target.batching.get("max_batch_size") or 0) > 0
-        self.triton.bind(
-            model_name=target.name,
-            infer_func=[make_infer_fn(session, input_names, output_names) for _ in range(instances)],
-            inputs=tensors(signature["inputs"], batched),
-            outputs=tensors(signature["outputs"], batched),
-            model_version=TRITON_VERSION,
-            config=pytriton_model_config(target.batching),
-            strict=False,
-        )
-        self.bound[target.name] = target.artifact
-        log.info("loaded %s (artifact %s, %d instance(s))", target.name, target.artifact[:12], instances)
-
-    def _unbind(self, name: str) -> None:
-        """PyTriton (0.7) has no public unbind: do for one model what ModelManager.clean does for all.
-
-        Order matters: the model's observers are cleared (model.clean) before Triton
-        unloads it, else the stub shutting down would make PyTriton stop the server.
-        """
-        import tritonclient.http as httpclient
-        from pytriton.client.auth import create_auth_headers
-
-        model = self.triton._model_manager._models.pop((name.lower(), TRITON_VERSION), None)
-        self.bound.pop(name, None)
-        if model is None:
+        threads = self.ort_threads or default_threads(instances)
+        changed = write_entry(self.repo_dir, target, onnx_path, self._signature(target, onnx_path), threads)
+        if not changed and self.bound.get(target.name) == target.artifact:
             return
-        model.clean()
-        _forget_tensor_store(name)
-        headers = create_auth_headers(self.triton.get_access_token(), "http")
-        client = httpclient.InferenceServerClient(self.http_url, network_timeout=60.0)
+        client = self._client(120.0)
         try:
-            client.unload_model(name, headers=headers)
+            client.load_model(target.name, headers=self.headers)
         finally:
             client.close()
+        self.bound[target.name] = target.artifact
+        log.info("loaded %s (artifact %s, %d instance(s) x %d onnxruntime thread(s))",
+                 target.name, target.artifact[:12], instances, threads)
+
+    def _unload(self, name: str) -> None:
+        client = self._client(60.0)
+        try:
+            client.unload_model(name, headers=self.headers)
+        finally:
+            client.close()
+        self.bound.pop(name, None)
+        shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         log.info("unloaded %s", name)
-
-
-def _forget_tensor_store(name: str) -> None:
-    """PyTriton keeps one TensorStore client per socket address for the life of the process, with
-    the authentication key of the stub it first met. A model bound again under the same name gets
-    a new stub with a new key at the same address, and every request then fails with "digest sent
-    was rejected" (the M:6 -> M:7 -> M:6 churn). Dropping the cached client makes the next bind
-    connect afresh with the new key."""
-    try:
-        from pytriton.proxy.data import TensorStore
-    except ImportError:
-        return
-    suffix = f"/{name}-data.sock"
-    for address in [a for a in list(TensorStore._instances) if str(a).endswith(suffix)]:
-        TensorStore._instances.pop(address, None)
 
 
 def _handle_signals(stop: threading.Event) -> Callable[[], None]:
@@ -366,7 +283,7 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
     """Serve until ``stop_event`` is set or SIGTERM/SIGINT.
 
     When tritonserver dies (``kill -9``, a crash) its leftovers are stopped and a new one is
-    started in this process at once, with every model the registry deploys bound again: no
+    started in this process at once, with every model the registry deploys loaded again: no
     Python start-up to wait for. Raises once it dies ``MAX_RESTARTS`` times in
     ``RESTART_WINDOW_S`` (or at the first death with ``restart=False``), and `serving up`
     starts the whole process again.
@@ -379,7 +296,7 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
     if own_process:  # `serving triton`: the process is ours; an embedding test process is not
         adopt_orphans()
         clean_stale()
-    threads = ort_threads or settings.triton_ort_threads or default_ort_threads()
+    threads = ort_threads or settings.triton_ort_threads or None
     deaths: list[float] = []
     try:
         while _run_once(settings, stop, threads, own_process):
@@ -394,37 +311,67 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
         restore_signals()
 
 
-def _run_once(settings: TritonSettings, stop: threading.Event, threads: int, own_process: bool) -> bool:
-    """One tritonserver's life; True if it died under us."""
-    from pytriton.triton import Triton
+def _wait_live(server: subprocess.Popen, http_url: str, stop: threading.Event, timeout: float = 120.0) -> bool:
+    import tritonclient.http as httpclient
 
-    # Short, unique path: PyTriton puts unix sockets in it (108-byte limit), and two
-    # servers on one box must never share one.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stop.is_set():
+        if server.poll() is not None:
+            return False
+        client = httpclient.InferenceServerClient(http_url, connection_timeout=2.0, network_timeout=2.0)
+        try:
+            if client.is_server_live():
+                return True
+        except Exception:
+            pass
+        finally:
+            client.close()
+        time.sleep(0.1)
+    if stop.is_set():
+        return False
+    raise RuntimeError(f"tritonserver not live at {http_url} after {timeout:.0f}s")
+
+
+def _stop_server(server: subprocess.Popen, grace_s: float) -> None:
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(grace_s)
+
+
+def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | None, own_process: bool) -> bool:
+    """One tritonserver's life; True if it died under us."""
+    # Unique path: two servers on one box must never share a repository (clean_stale keys on the pid).
     workspace = Path(tempfile.gettempdir()) / f"{WORKSPACE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    triton = Triton(config=triton_config(settings), workspace=workspace)
+    repo_dir = workspace / "models"
+    repo_dir.mkdir(parents=True)
+    host = settings.triton_host
+    command = server_command(workspace, repo_dir, host, settings.triton_http_port, settings.triton_grpc_port,
+                             settings.triton_metrics_port)
+    http_url = f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{settings.triton_http_port}"
+    server = start_server(command)
     subscriber: ConfigSubscriber | None = None
     binder: ModelBinder | None = None
     died = False
     try:
-        triton.run()
+        if not _wait_live(server, http_url, stop):
+            return server.poll() is not None and not stop.is_set()
         fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache",
                                   shared_dir=settings.resolved_artifact_dir())
-        http_url = f"{settings.triton_host}:{settings.triton_http_port}"
-        binder = ModelBinder(triton, fetcher.path, threads, http_url)
+        binder = ModelBinder(server, repo_dir, fetcher.path, threads, http_url, command.token)
         subscriber = ConfigSubscriber(settings.control_plane_url, binder.apply,
                                       cache_path=settings.home / "triton-config.json").start()
-        log.info("embedded triton ready: grpc %s:%s http %s", settings.triton_host,
-                 settings.triton_grpc_port, http_url)
+        log.info("embedded triton ready: grpc %s:%s http %s", host, settings.triton_grpc_port, http_url)
         died = _serve(stop, binder)
     finally:
         if subscriber is not None:
             subscriber.stop()
         if binder is not None:
             binder.close()
-        try:
-            triton.stop()
-        except Exception:  # a dead server may fail to stop cleanly; its processes go below
-            log.exception("stopping PyTriton failed")
+        _stop_server(server, 0.3 if died else 6.0)
         if own_process:  # after a crash nothing is worth waiting for: every second is downtime
             n = kill_descendants(grace_s=0.3 if died else 3.0)
             if n:
@@ -437,7 +384,6 @@ def _default_logging() -> None:
     """As a process entry point (CLI), log loads/unloads; leave a host app's logging alone."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        logging.getLogger("pytriton").setLevel(logging.WARNING)
 
 
 def main() -> None:

@@ -1,0 +1,157 @@
+"""The embedded Triton's model repository and server: Triton's own Python backend, no PyTriton proxy.
+
+Per ONNX model: ``<repo>/<name>/config.pbtxt`` (backend "python", built from Triton's protobuf
+schema and validated like serving/triton/repository.py does) and ``<repo>/<name>/1/`` holding
+``model.py`` (a copy of serving/triton/backend_model.py) and ``model.onnx``.
+
+The server is the ``tritonserver`` binary the nvidia-pytriton wheel ships (its only use of that
+package), started the way PyTriton starts it: a backends directory with the python backend and
+the stub built for this interpreter, the wheel's libraries on the library path, explicit model
+control. The model-repository API is guarded by an access token, as PyTriton did.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from serving.triton.naming import TRITON_VERSION
+from serving.triton.repository import (
+    MARKER, TritonTarget, _add_tensors, _place_file, _write_text, validate_config_pbtxt,
+)
+
+BACKEND_MODEL = Path(__file__).with_name("backend_model.py")
+ACCESS_HEADER = "triton-access" + "-token"
+RESTRICTED = "shared-memory,model-repository,statistics,trace,logging"
+SHM_DEFAULT_BYTES = 4 * 1024 * 1024  # the python backend's 64 MB default per instance is far more than needed
+SHM_GROWTH_BYTES = 1024 * 1024
+
+
+def default_threads(instances: int, cores: int | None = None) -> int:
+    """onnxruntime intra-op threads for each of ``instances`` instances: the cores shared out.
+
+    Measured on 2 cores, W2 (MiniLM-L6, batching on, 16 connections; docs/benchmarks.md): one
+    instance with both cores and two single-thread instances served within a few per cent of
+    each other, and one instance keeps a batch's latency lowest at low load, so ``instances``
+    stays 1 by default and takes every core; asking for more instances splits them."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, instances))
+
+
+def model_config(target: TritonTarget, signature: dict[str, Any], threads: int) -> mc.ModelConfig:
+    b = target.batching
+    max_batch = int(b.get("max_batch_size") or 0)
+    cfg = mc.ModelConfig(name=target.name, backend="python", max_batch_size=max_batch)
+    if max_batch > 0:
+        preferred = sorted({int(s) for s in b.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
+        cfg.dynamic_batching.max_queue_delay_microseconds = int(b.get("max_queue_delay_us") or 0)
+        cfg.dynamic_batching.preferred_batch_size.extend(preferred)
+    # KIND_CPU: the stub is a CPU process either way; onnxruntime inside it takes CUDA when present
+    cfg.instance_group.add(count=max(1, int(b.get("instances") or 1)), kind=mc.ModelInstanceGroup.KIND_CPU)
+    _add_tensors(cfg.input, signature.get("inputs", []), max_batch > 0)
+    _add_tensors(cfg.output, signature.get("outputs", []), max_batch > 0)
+    cfg.parameters["ort_threads"].string_value = str(threads)
+    cfg.parameters["onnx_file"].string_value = "model.onnx"
+    cfg.parameters["artifact"].string_value = target.artifact
+    return cfg
+
+
+def config_pbtxt(target: TritonTarget, signature: dict[str, Any], threads: int) -> str:
+    from google.protobuf import text_format
+
+    text = text_format.MessageToString(model_config(target, signature, threads))
+    validate_config_pbtxt(text)
+    return text
+
+
+def write_entry(repo_dir: Path, target: TritonTarget, onnx_path: Path, signature: dict[str, Any],
+                threads: int) -> bool:
+    """Write (or refresh) one model directory; returns whether anything changed."""
+    model_dir = Path(repo_dir) / target.name
+    version_dir = model_dir / str(TRITON_VERSION)
+    version_dir.mkdir(parents=True, exist_ok=True)
+    text = config_pbtxt(target, signature, threads)
+    changed = _write_text(model_dir / MARKER, json.dumps({"artifact": target.artifact}))
+    if changed or not (version_dir / "model.onnx").exists():
+        _place_file(Path(onnx_path), version_dir / "model.onnx")
+        changed = True
+    changed = _write_text(version_dir / "model.py", BACKEND_MODEL.read_text()) or changed
+    return _write_text(model_dir / "config.pbtxt", text) or changed
+
+
+def pytriton_root() -> Path:
+    """The tritonserver distribution inside the nvidia-pytriton wheel (binary, backends, stubs)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.origin:
+        raise RuntimeError("the embedded Triton needs nvidia-pytriton (it ships the tritonserver binary)")
+    return Path(spec.origin).parent / "tritonserver"
+
+
+def prepare_backends(workspace: Path) -> Path:
+    """``<workspace>/backends/python`` with the backend library and this interpreter's stub."""
+    root = pytriton_root()
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise RuntimeError(f"nvidia-pytriton has no Python-backend stub for Python {version}")
+    dest = workspace / "backends" / "python"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (root / "backends" / "python").iterdir():
+        if f.is_file():
+            shutil.copy(f, dest / f.name)
+    shutil.copy(stub, dest / "triton_python_backend_stub")
+    return workspace / "backends"
+
+
+@dataclass
+class ServerCommand:
+    args: list[str]
+    env: dict[str, str]
+    token: str
+
+
+def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, grpc_port: int,
+                   metrics_port: int) -> ServerCommand:
+    """tritonserver's command line and environment (what PyTriton builds, minus its proxy)."""
+    root = pytriton_root()
+    backends = prepare_backends(workspace)
+    token = secrets.token_urlsafe(24)
+    restricted = f"{RESTRICTED}:{ACCESS_HEADER}={token}"
+    prefix = f"serving{os.getpid()}-{secrets.token_hex(3)}-"
+    args = [
+        str(root / "bin" / "tritonserver"),
+        f"--model-repository={repo_dir}", "--model-control-mode=explicit", "--strict-readiness=true",
+        f"--backend-directory={backends}", f"--cache-directory={root / 'caches'}",
+        f"--http-address={host}", f"--http-port={http_port}",
+        f"--grpc-address={host}", f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}", f"--metrics-port={metrics_port}", "--allow-gpu-metrics=false",
+        f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}",
+        f"--backend-config=python,shm-region-prefix-name={prefix}",
+        f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
+        f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
+        "--exit-timeout-secs=5", "--log-verbose=0", "--log-info=false",
+    ]
+    env = dict(os.environ)
+    libs = [sysconfig.get_config_var("LIBDIR") or "", str(root.parent.parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    # The stub embeds libpython: give it this venv's packages and the serving package (for serving.ort)
+    paths = [str(Path(__file__).resolve().parents[2]), sysconfig.get_paths()["purelib"],
+             sysconfig.get_paths()["platlib"]]
+    env["PYTHONPATH"] = ":".join(dict.fromkeys(p for p in [*paths, env.get("PYTHONPATH", "")] if p))
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return ServerCommand(args, env, token)
+
+
+def start_server(cmd: ServerCommand) -> subprocess.Popen:
+    return subprocess.Popen(cmd.args, env=cmd.env, stdin=subprocess.DEVNULL)
