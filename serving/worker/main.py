@@ -46,9 +46,14 @@ def install_extra_packages(settings: WorkerSettings) -> None:
 
 
 def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
+    """uvicorn's process manager even for one process: it holds the listening socket and starts a
+    new worker process when one dies, so a killed worker costs only its requests in flight (new
+    connections wait in the socket's backlog meanwhile instead of being refused)."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     install_extra_packages(settings)
-    uvicorn.run("serving.worker.main:create_from_env", factory=True, host=settings.worker_host,
-                port=settings.worker_port, workers=workers, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config("serving.worker.main:create_from_env", factory=True, host=settings.worker_host,
+                            port=settings.worker_port, workers=max(1, workers), loop="uvloop", http="httptools",
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    Multiprocess(config, sockets=[config.bind_socket()]).run()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -125,3 +127,22 @@ def test_last_resort_500_is_one_json_line_with_connection_close(tmp_path, tiny_m
         # the next request of the same client is answered (on a new connection, as the server said)
         assert client.post("/serve/clf", json={"text": "after a bug"}).status_code == 200
         assert client.get("/status").json()["internal_errors"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_process_costs_only_its_requests_in_flight(worker):
+    """`serving worker` with one process: its manager keeps the socket and starts a new process, so
+    connections made meanwhile wait instead of being refused."""
+    import psutil
+
+    def pid() -> int:
+        return httpx.get(f"{worker}/status", timeout=10).json()["pid"]
+
+    first = pid()
+    os.kill(first, signal.SIGKILL)
+    t0 = time.monotonic()
+    with httpx.Client(base_url=worker, timeout=60) as client:  # a new connection, made at once
+        r = client.post("/serve/clf", json={"text": "served by the new process"})
+    assert r.status_code == 200, r.text
+    assert pid() != first and not psutil.pid_exists(first)
+    print(f"answered {time.monotonic() - t0:.1f} s after kill -9 of the only worker process")
