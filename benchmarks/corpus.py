@@ -34,9 +34,17 @@ def make_corpus(words: list[str], size: int, seed: int = SEED) -> list[str]:
     return texts
 
 
-def write_corpus(tokenizer_dir: Path, size: int, path: Path) -> list[str]:
+def builtin_words(count: int = 2000, seed: int = SEED) -> list[str]:
+    """Pronounceable lowercase words for a workload without a tokenizer (W0), fixed by the seed."""
+    rng = random.Random(seed)
+    consonants, vowels = "bcdfghklmnprstvz", "aeiou"
+    return ["".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(rng.randint(1, 4)))
+            for _ in range(count)]
+
+
+def write_corpus(tokenizer_dir: Path | None, size: int, path: Path) -> list[str]:
     """Build the corpus and store it as JSON for the load generator process."""
-    texts = make_corpus(word_list(tokenizer_dir), size)
+    texts = make_corpus(word_list(tokenizer_dir) if tokenizer_dir is not None else builtin_words(), size)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(texts))
     return texts

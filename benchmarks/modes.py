@@ -19,19 +19,21 @@ class Mode:
     corpus_size: int
     workloads: tuple[str, ...]
     skip: tuple[str, ...] = ()  # variants left out unless asked for by name (keeps quick under 5 min)
+    ceiling_repeats: int = 2   # the ceiling is measured this many times, interleaved with the systems it bounds
 
 
 # quick: one level, under 5 minutes on a 2-core box; full: the recorded run.
 # ``--requests N`` swaps the durations for N requests per level (the smoke test).
 MODES: dict[str, Mode] = {
     "quick": Mode("quick", concurrency=(16,), warmup_s=1.5, duration_s=4.0, requests=None, warmup_requests=0,
-                  ceiling_batch_sizes=(1, 8, 32), ceiling_seconds=1.5, corpus_size=256, workloads=("W1", "W2"),
+                  ceiling_batch_sizes=(1, 8, 32), ceiling_seconds=1.5, corpus_size=256, workloads=("W0", "W1", "W2"),
                   # quick leaves out the 2-worker and statistics-off stacks (a stack start-up each) and fusion
                   skip=("platform-triton-nobatch-2w", "platform-triton-batch-2w", "platform-ort-2w",
-                        "platform-triton-batch-1w-nostats", "platform-ort-1w-nostats", "platform-ort-fusion-1w")),
+                        "platform-triton-batch-1w-nostats", "platform-ort-1w-nostats", "platform-ort-fusion-1w",
+                        "platform-echo-2w")),
     "full": Mode("full", concurrency=(1, 8, 32), warmup_s=3.0, duration_s=8.0, requests=None,
                  warmup_requests=0, ceiling_batch_sizes=(1, 4, 8, 16, 32, 64), ceiling_seconds=4.0,
-                 corpus_size=1024, workloads=("W1", "W2")),
+                 corpus_size=1024, workloads=("W0", "W1", "W2"), ceiling_repeats=3),
 }
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from benchmarks.results import BASELINE, CEILING, RunResult, SystemResult
 
+ECHO_OTHERS = ("litserve", "mlserver", "bentoml")
 STATS_PAIRS = (("platform-ort-1w", "platform-ort-1w-nostats"),
                ("platform-triton-batch-1w", "platform-triton-batch-1w-nostats"))
 
@@ -62,6 +63,16 @@ def checks(run: RunResult) -> list[dict[str, Any]]:
             note = f", label agreement {agree:.1%}" if agree is not None else ""
             out.append({"target": f"W2: platform >= 2.5x the FastAPI baseline (optimized model{note})",
                         "system": best.system, "value": best.ratio_baseline, "met": best.ratio_baseline >= 2.5})
+    echo = [r for (w, _), r in by.items() if w == "W0" and r.system.startswith("platform-echo")]
+    others = [r for (w, _), r in by.items() if w == "W0" and r.system in ECHO_OTHERS]
+    if echo and others:
+        best, rival = max(echo, key=lambda r: r.best_rps), max(others, key=lambda r: r.best_rps)
+        ratio = best.best_rps / rival.best_rps
+        out.append({"target": f"W0: platform echo >= 1.2x the best of LitServe, MLServer, BentoML ({rival.system})",
+                    "system": best.system, "value": ratio, "met": ratio >= 1.2})
+        p99 = best.best.p99_ms / rival.best.p99_ms
+        out.append({"target": f"W0: platform echo p99 no worse than {rival.system}'s (ratio of p99s)",
+                    "system": best.system, "value": p99, "met": p99 <= 1.0})
     triton = by.get(("W1", "triton-tokenizer-batch"))
     w1 = [r for (w, _), r in by.items() if w == "W1" and r.system.startswith("platform-triton-batch")
           and r.system not in {off for _, off in STATS_PAIRS}]
@@ -94,12 +105,15 @@ def print_table(run: RunResult, console: Console | None = None) -> None:
     for check in checks(run):
         mark = "[green]met[/green]" if check["met"] else "[red]missed[/red]"
         console.print(f"{mark} {check['target']}: {check['value']:.3f} ({check['system']})")
+    for problem in run.invalid:
+        console.print(f"[bold red]RUN INVALID[/bold red]: {problem}")
 
 
 def markdown(run: RunResult) -> str:
     lines = [f"# Benchmark results ({run.mode})", "", f"Command: `{run.command}`  ", f"Started: {run.started_at}  ",
              f"Machine: {run.machine.get('summary', '')}  ",
              f"Corpus: {run.corpus.get('size')} texts of {run.corpus.get('words')} words, seed {run.corpus.get('seed')}",
+             *([""] + [f"**RUN INVALID**: {p}  " for p in run.invalid] if run.invalid else []),
              "", "## Best level of each system", "",
              "| workload | system | best at | req/s | p50 ms | p95 ms | p99 ms | errors | x ceiling | x baseline |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]

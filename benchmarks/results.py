@@ -74,6 +74,7 @@ class RunResult:
     command: str
     corpus: dict[str, Any]
     results: list[SystemResult] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)  # why this run's numbers cannot be trusted (see validity)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -97,6 +98,27 @@ def add_ratios(results: list[SystemResult]) -> None:
                 continue
             r.ratio_ceiling = r.best_rps / ceiling if ceiling else None
             r.ratio_baseline = r.best_rps / baseline if baseline else None
+
+
+def validity(results: list[SystemResult]) -> list[str]:
+    """A ceiling that a system beats by more than the spread of the ceiling's own repeats is no
+    ceiling: the machine changed under the run, or the ceiling misses a layout. One line per
+    system that does, per workload; empty when the run holds. Systems serving another model than
+    the ceiling's (``--optimize``: ``upload_options``) are not bounded by it and are left out."""
+    problems = []
+    for workload in sorted({r.workload for r in results}):
+        same = [r for r in results if r.workload == workload]
+        ceiling = next((r for r in same if r.system == CEILING and r.best_rps), None)
+        if ceiling is None:
+            continue
+        spread = ceiling.details.get("spread_rps", 0.0) or 0.0
+        for r in same:
+            if r is ceiling or not r.best_rps or r.details.get("upload_options"):
+                continue
+            if r.best_rps > ceiling.best_rps + spread:
+                problems.append(f"{workload}: {r.system} {r.best_rps:.1f} req/s beats the ceiling "
+                                f"{ceiling.best_rps:.1f} by more than its repeats' spread ({spread:.1f})")
+    return problems
 
 
 def _best_of(results: list[SystemResult], system: str) -> float | None:

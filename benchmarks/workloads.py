@@ -21,7 +21,7 @@ MAX_LENGTH = 128  # truncation length, the same for every system
 class Workload:
     name: str
     description: str
-    build: Callable[[Path], ModelBundle]
+    build: Callable[[Path], ModelBundle] | None  # None: no model (W0)
 
 
 @dataclass(frozen=True)
@@ -30,13 +30,14 @@ class PreparedWorkload:
 
     workload: Workload
     dir: Path
-    onnx_path: Path
-    tokenizer_dir: Path
-    hf_dir: Path
+    onnx_path: Path | None
+    tokenizer_dir: Path | None  # None: the corpus draws from a built-in word list (W0)
+    hf_dir: Path | None
     labels: list[str]
 
 
 WORKLOADS: dict[str, Workload] = {
+    "W0": Workload("W0", "no model: every system echoes its input, so only the serving path is measured", None),
     "W1": Workload("W1", "tiny BERT classifier (2 layers, hidden 128): the serving path dominates",
                    lambda d: build_bert_classifier(d, num_layers=2, hidden_size=128)),
     "W2": Workload("W2", "MiniLM-L6 classifier (all-MiniLM-L6-v2 encoder + head): realistic",
@@ -45,12 +46,15 @@ WORKLOADS: dict[str, Workload] = {
                    lambda d: build_bert_classifier(d, num_layers=12, hidden_size=768, num_heads=12,
                                                    intermediate_size=3072)),
 }
+NO_MODEL = frozenset(name for name, w in WORKLOADS.items() if w.build is None)
 
 
 def prepare(name: str, cache_dir: Path = CACHE_DIR) -> PreparedWorkload:
     """Build (or reuse) the ONNX bundle and save its torch model next to it."""
     workload = WORKLOADS[name]
     out = cache_dir / name
+    if workload.build is None:
+        return PreparedWorkload(workload, out, None, None, None, [])
     bundle = workload.build(out)
     hf_dir = out / "hf"
     if not (hf_dir / "config.json").exists():

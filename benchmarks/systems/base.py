@@ -63,3 +63,9 @@ class System:
     variants: tuple[str, ...]   # ids of what it yields, for --systems filtering and progress
     targets: SystemFn | None = None
     measure: Callable[[RunContext], "SystemResult"] | None = None
+    workloads: tuple[str, ...] | None = None  # the workloads it serves; None: every model workload (not W0)
+
+    def serves(self, workload: str) -> bool:
+        from benchmarks.workloads import NO_MODEL
+
+        return workload in self.workloads if self.workloads is not None else workload not in NO_MODEL

@@ -91,6 +91,28 @@ def measure(ctx: RunContext) -> SystemResult:
     return result
 
 
+def merge(repeats: list[SystemResult]) -> SystemResult:
+    """The ceiling over its repeats: each level's best, the repeats' best rates and their spread.
+
+    A bound must not be lowered by one slow moment of a shared machine, so it is the best of its
+    repeats; the spread (best minus worst repeat) is how far this machine moved during the run,
+    the margin by which another system may appear to beat it before the run is called invalid."""
+    ok = [r for r in repeats if r.best_rps]
+    if not ok:
+        return repeats[-1]
+    best: dict[str, LevelResult] = {}
+    for r in ok:
+        for lv in r.levels:
+            if lv.name not in best or lv.rps > best[lv.name].rps:
+                best[lv.name] = lv
+    rates = [r.best_rps for r in ok]
+    merged = SystemResult(ok[0].workload, NAME, ok[0].label, levels=list(best.values()), details=dict(ok[0].details))
+    merged.details.update(repeats_rps=[round(x, 1) for x in rates], spread_rps=round(max(rates) - min(rates), 1),
+                          failed_repeats=len(repeats) - len(ok))
+    merged.details["best_batch_size"] = merged.best.batch_size if merged.best else None
+    return merged
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="in-process onnxruntime ceiling")
     p.add_argument("--onnx", type=Path, required=True)
