@@ -82,6 +82,16 @@ def test_serve_through_triton_matches_onnxruntime(stack, tiny_model):
     np.testing.assert_allclose(got, reference_logits(tiny_model, texts), atol=1e-4)
 
 
+def test_more_texts_than_tritons_max_batch_size_are_served_in_parts(stack, tiny_model):
+    """256 texts (the documented limit) to an endpoint whose Triton max_batch_size is 32: the worker
+    sends them as calls of at most 32 rows and joins the answers in order."""
+    texts = [f"text number {i} " + "word " * (i % 40) for i in range(256)]
+    r = httpx.post(f"{stack.worker_url(0)}/serve/clf/1", json={"texts": texts}, timeout=120)
+    assert r.status_code == 200, r.text
+    got = np.array([p["logits"] for p in r.json()["predictions"]])
+    np.testing.assert_allclose(got, reference_logits(tiny_model, texts), atol=1e-4)
+
+
 def test_concurrent_requests_of_different_lengths_batched_in_the_worker_match_onnxruntime(stack, tiny_model):
     """32 texts of 1 to 60 words at once: the worker merges what queues behind a Triton call into one
     padded request (serving/worker/batcher.py); each answer must still be its own text's logits."""

@@ -59,6 +59,9 @@ class TritonEngine:
 
     async def infer(self, target: Target, inputs: dict[str, np.ndarray],
                     pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        rows = next(iter(inputs.values())).shape[0] if inputs and target.max_batch > 0 else 0
+        if rows > target.max_batch:
+            return await self._in_parts(target, inputs, pad, rows)
         if not self.batching or target.max_batch <= 1:
             return await self._call(target, inputs)
         batcher = self._batchers.get(target.triton_name)
@@ -66,6 +69,15 @@ class TritonEngine:
             batcher = self._batchers[target.triton_name] = MicroBatcher(lambda merged: self._call(target, merged),
                                                             target.max_batch, target.outputs)
         return await batcher.submit(inputs, pad)
+
+    async def _in_parts(self, target: Target, inputs: dict[str, np.ndarray], pad: Mapping[str, int] | None,
+                        rows: int) -> dict[str, np.ndarray]:
+        """A request larger than the model's max_batch_size (Triton refuses those) goes as several
+        calls of at most that many rows, run side by side, their outputs joined in order."""
+        step = target.max_batch
+        parts = await asyncio.gather(*(self.infer(target, {k: v[i:i + step] for k, v in inputs.items()}, pad)
+                                       for i in range(0, rows, step)))
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     async def _call(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = []
