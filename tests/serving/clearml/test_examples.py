@@ -162,6 +162,13 @@ def test_auto_update_and_canary_by_prefix(stack, built):
     assert set(served) == {"2", "3"}
     # 300 draws of p=0.1: 0.1 +- 4.5 standard deviations (0.017) fails by chance about once in 10^5 runs
     assert abs(share - 0.1) < 0.078, share
+    # the other form: named versions of the endpoint, weights in that order
+    stack.cli("model", "canary", "--endpoint", ep, "--weights", "0.3", "0.7", "--input-endpoints", f"{ep}/3", f"{ep}/2")
+    routes = {t["version"]: t["weight"] for t in stack.api().get(f"/endpoints/{ep}").json()["targets"]}
+    assert routes == pytest.approx({3: 30.0, 2: 70.0})
+    other = stack.cli("model", "canary", "--endpoint", ep, "--weights", "1", "--input-endpoints", "elsewhere/1",
+                      check=False)
+    assert other.returncode != 0 and "other endpoints" in other.stdout + other.stderr
 
 
 def test_custom_example_is_broken_on_current_numpy(stack, built):
