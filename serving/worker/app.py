@@ -23,7 +23,7 @@ from serving.worker.dataplane import DataPlane, Recorder
 from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response
-from serving.worker.frontends.serve_rest import serve_router
+from serving.worker.frontends.serve_rest import ServeRoute, error_response, serve_router
 from serving.worker.frontends.v2 import v2_router
 from serving.worker.pipeline import RequestSender
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServingError)
     async def serving_error(request: Request, exc: ServingError) -> Response:
-        return json_response({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -119,7 +119,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app.state.dataplane = dataplane
     _error_handlers(app)
     counts: dict[str, int] = {"internal_errors": 0}
-    app.add_middleware(LastResort, counts=counts)
+    app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(LastResort, counts=counts)  # added last: outside ServeRoute
     app.include_router(serve_router(dataplane, settings.max_body_bytes))
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
 
