@@ -19,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ class UserContext:
     threads: int = 8  # this processor's own threads
 
 
+STEPS = ("preprocess", "process", "postprocess")
+STAGES = ("preprocess", "inference", "postprocess")  # the statistics' stage names
+
+
 class UserProcessor:
     outputs_form = "clearml"
 
@@ -82,6 +87,9 @@ class UserProcessor:
         except Exception as exc:
             raise UserCodeError(f"Preprocess() or load() failed: {type(exc).__name__}: {exc}") from exc
         self.has_process = callable(getattr(self.user, "process", None))
+        steps = [getattr(self.user, step, None) for step in STEPS]
+        # One thread hop for the three steps when none is a coroutine (run_steps)
+        self.one_hop = self.has_process and not any(inspect.iscoroutinefunction(fn) for fn in steps if fn)
 
     async def preprocess(self, body: Any, state: dict, collect: Collect) -> Any:
         return await self._call("preprocess", body, state, collect, missing=body)
@@ -111,6 +119,54 @@ class UserProcessor:
             raise UserCodeTimeout(f"{step}() in preprocess.py did not finish within {self.timeout_s:g} s") from None
         except Exception as exc:
             raise PreprocessError(f"{step}() in preprocess.py raised {type(exc).__name__}: {exc}") from exc
+
+    async def run_steps(self, body: Any, state: dict, collect: Collect, mark: Callable[[str], None]) -> Any:
+        """preprocess -> process -> postprocess of a ``custom`` endpoint in one call on this
+        processor's threads, not three: each hop is a queue put, a thread wake-up and a wake-up of
+        the loop, most of what an echo endpoint costs (docs/benchmarks.md, W0). The same contract
+        as three ``_call``s: each step has its own deadline (a 504 names the step past it), its
+        exceptions become a 422 naming it, ``mark(stage)`` records each stage's time."""
+        loop = asyncio.get_running_loop()
+        running = [("preprocess", time.monotonic())]  # replaced whole by the thread: one atomic store
+
+        def work() -> Any:
+            value = body
+            for step, stage in zip(STEPS, STAGES):
+                fn = getattr(self.user, step, None)
+                if fn is not None:
+                    running[0] = (step, time.monotonic())
+                    try:
+                        value = fn(value, state, collect)
+                    except PreprocessError:
+                        raise
+                    except Exception as exc:
+                        raise PreprocessError(f"{step}() in preprocess.py raised {type(exc).__name__}: {exc}") from exc
+                mark(stage)
+            return value
+
+        future = loop.run_in_executor(self._executor, work)
+        late: list[str] = []
+
+        def watch() -> None:  # past the running step's own deadline: give up on it, as wait_for does
+            if future.done():
+                return
+            step, started = running[0]
+            left = started + self.timeout_s - time.monotonic()
+            if left > 0:
+                timer[0] = loop.call_later(left, watch)
+            else:
+                late.append(step)
+                future.cancel()
+
+        timer = [loop.call_later(self.timeout_s, watch)]
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if late:
+                raise UserCodeTimeout(f"{late[0]}() in preprocess.py did not finish within {self.timeout_s:g} s") from None
+            raise
+        finally:
+            timer[0].cancel()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -111,18 +111,22 @@ class DataPlane:
             state: dict[str, Any] = {}
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
-            data = await processor.preprocess(body, state, stats.collect)
-            stats.stage("preprocess")
-            if engine.kind == "python":
-                data = await engine.run(target, processor, data, state, stats.collect)
+            if getattr(engine, "runs_user_process", False) and getattr(processor, "one_hop", False):
+                answer = await processor.run_steps(body, state, stats.collect, stats.stage)  # custom: one hop
             else:
-                target, outputs = await self._run(ep, target, data, pinned=version is not None,
-                                                  pad=getattr(processor, "pad_values", None))
-                stats.version = target.version
-                data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs, ep.declared_outputs)
-            stats.stage("inference")
-            answer = await processor.postprocess(data, state, stats.collect)
-            stats.stage("postprocess")
+                data = await processor.preprocess(body, state, stats.collect)
+                stats.stage("preprocess")
+                if engine.kind == "python":
+                    data = await engine.run(target, processor, data, state, stats.collect)
+                else:
+                    target, outputs = await self._run(ep, target, data, pinned=version is not None,
+                                                      pad=getattr(processor, "pad_values", None))
+                    stats.version = target.version
+                    data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs,
+                                                                                            ep.declared_outputs)
+                stats.stage("inference")
+                answer = await processor.postprocess(data, state, stats.collect)
+                stats.stage("postprocess")
             status = 200
             self.shadow.fire(copies, target, answer)
             return Answer(target, answer)

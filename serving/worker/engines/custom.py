@@ -16,6 +16,7 @@ from serving.worker.runtime import Target
 
 class CustomEngine:
     kind = "python"
+    runs_user_process = True  # run() is processor.process: the data plane may run the three steps in one hop
 
     def __init__(self, asynchronous: bool = False) -> None:
         self.asynchronous = asynchronous
