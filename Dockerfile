@@ -2,23 +2,40 @@
 # One image for the control plane, the workers and the statistics service:
 #   docker run IMAGE control-plane | worker | statistics   (the `serving` CLI is the entrypoint)
 # Triton itself runs from NVIDIA's tritonserver image (see deploy/docker-compose.yml, helm/serving).
+#
+# BASE_IMAGE: any Debian bookworm with Python 3.11 (a shared libpython, python and python -m venv
+# working). The default is the public image; scripts/images.sh builds one with debootstrap for
+# machines with no registry and passes --build-arg BASE_IMAGE=localhost/serving-base:bookworm.
+# --target embedded-triton: the same image plus nvidia-pytriton, for `serving triton` (the
+# embedded Triton, python backend only), which the compose test runs in place of NVIDIA's image.
 
 ARG PYTHON_VERSION=3.11
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
 
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own that is rebuilt only when pyproject.toml
+# changes (empty packages stand in for the code, which comes next).
+RUN mkdir serving registry preprocess \
+ && touch serving/__init__.py registry/__init__.py preprocess/__init__.py \
+ && pip install . && pip uninstall -y serving && rm -rf serving registry preprocess build ./*.egg-info
 COPY serving ./serving
 COPY registry ./registry
 COPY preprocess ./preprocess
 # nvidia-pytriton bundles a whole Triton server; it is only needed by `serving triton`
-# (the embedded one). This image never runs that: Triton is its own container.
-RUN pip install . && pip uninstall -y nvidia-pytriton
+# (the embedded one). This image never runs that: Triton is its own container. A copy of its
+# files is kept aside for the embedded-triton target (not in the default image).
+RUN pip install --no-deps . \
+ && site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && mkdir -p "/opt/pytriton$site" \
+ && cp -a "$site"/pytriton "$site"/nvidia_pytriton* "/opt/pytriton$site/" \
+ && pip uninstall -y nvidia-pytriton
 
-FROM python:${PYTHON_VERSION}-slim-bookworm
+FROM ${BASE_IMAGE} AS runtime
 ARG UID=10001
 RUN groupadd --system --gid ${UID} serving \
  && useradd --system --uid ${UID} --gid serving --home-dir /var/lib/serving --no-log-init serving \
@@ -69,3 +86,11 @@ EXPOSE 8080 9090 9999
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 CMD ["serving-healthcheck"]
 ENTRYPOINT ["serving"]
 CMD ["control-plane"]
+
+# `serving triton` needs nvidia-pytriton: put it back where pip had installed it (in the venv's
+# site-packages, where PyTriton looks for its bundled libraries); nothing else changes.
+FROM runtime AS embedded-triton
+COPY --from=build /opt/pytriton/ /
+
+# The default target: the lean image.
+FROM runtime
