@@ -9,6 +9,9 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v wrk >/dev/null || need_apt+=(wrk)  # the benchmarks' load generator
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+# the compose test's container engine (tests/deploy/test_compose_up.py, scripts/images.sh)
+command -v podman >/dev/null || need_apt+=(podman runc netavark aardvark-dns)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 if [ ${#need_apt[@]} -gt 0 ] && [ "${SKIP_APT:-0}" != 1 ]; then
   echo "== installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
