@@ -3,24 +3,25 @@
 The design the published comparisons measure: clients send raw text to Triton,
 and a single Python-backend model instance tokenizes and runs the model, so with
 dynamic batching on every request still funnels through that one instance. It
-uses the same real tritonserver the platform embeds (nvidia-pytriton: Python
-backend only, the ONNX model run by onnxruntime in the bound process), so the
-comparison is like for like. With batching on, the one instance tokenizes and
-runs whole batches (the kinder variant for Triton). Run alone:
+uses the same real tritonserver, started the same way, as the platform's embedded
+Triton (serving/triton/python_backend.py: the tritonserver of nvidia-pytriton,
+Triton's own Python backend, no PyTriton proxy; the model.py is
+benchmarks/systems/triton_tokenizer_model.py), so the comparison is like for like.
+With batching on, the one instance tokenizes and runs whole batches (the kinder
+variant for Triton). Run alone:
 ``python -m benchmarks.systems.triton_tokenizer --onnx F --tokenizer D --http-port P --batching on``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import tempfile
 import threading
 import uuid
 from pathlib import Path
 from typing import Iterator
-
-import numpy as np
 
 from benchmarks.procs import free_port, process, wait_http
 from benchmarks.systems.base import RunContext, System, Target
@@ -30,53 +31,70 @@ MODEL = "text_classifier"
 MAX_BATCH = 32
 QUEUE_DELAY_US = 2000
 VARIANTS = {f"{NAME}-nobatch": False, f"{NAME}-batch": True}
+MODEL_PY = Path(__file__).with_name("triton_tokenizer_model.py")
 
 
-def make_infer(onnx_path: Path, tokenizer_dir: Path):
-    """Decode the texts of the (possibly batched) request, tokenize them together, run, return logits."""
-    from pytriton.decorators import batch
+def config_pbtxt(onnx_path: Path, tokenizer_dir: Path, batching: bool) -> str:
+    """One instance; BYTES ``text`` in, ``logits`` out; validated against Triton's schema."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
 
-    from benchmarks.systems.ort_session import session, tokenizer
     from benchmarks.workloads import MAX_LENGTH
+    from serving.triton.repository import validate_config_pbtxt
 
-    sess, tok = session(onnx_path), tokenizer(tokenizer_dir)
-    wanted = {i.name for i in sess.get_inputs()}
-
-    @batch
-    def infer(text: np.ndarray) -> dict[str, np.ndarray]:
-        texts = [t.decode("utf-8") for t in text.reshape(-1)]
-        enc = tok(texts, padding="longest", truncation=True, max_length=MAX_LENGTH, return_tensors="np")
-        (logits,) = sess.run(["logits"], {k: v.astype(np.int64) for k, v in enc.items() if k in wanted})
-        return {"logits": logits.astype(np.float32)}
-
-    return infer
+    cfg = mc.ModelConfig(name=MODEL, backend="python", max_batch_size=MAX_BATCH if batching else 0)
+    if batching:
+        cfg.dynamic_batching.max_queue_delay_microseconds = QUEUE_DELAY_US
+    cfg.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    cfg.input.add(name="text", data_type=mc.TYPE_STRING, dims=[1])
+    cfg.output.add(name="logits", data_type=mc.TYPE_FP32, dims=[-1] if batching else [-1, -1])
+    for key, value in {"onnx": str(onnx_path), "tokenizer": str(tokenizer_dir), "max_length": str(MAX_LENGTH)}.items():
+        cfg.parameters[key].string_value = value
+    text = text_format.MessageToString(cfg)
+    validate_config_pbtxt(text)
+    return text
 
 
 def serve(onnx_path: Path, tokenizer_dir: Path, http_port: int, batching: bool) -> None:
-    """Bind the one model into a real tritonserver and serve until SIGTERM."""
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
+    """Load the one model into a real tritonserver and serve until SIGTERM."""
+    import subprocess
 
-    from serving.triton.embedded import fix_library_path
+    import httpx
 
-    fix_library_path()
-    config = TritonConfig(http_address="127.0.0.1", http_port=http_port, grpc_address="127.0.0.1",
-                          grpc_port=free_port(), metrics_address="127.0.0.1", metrics_port=free_port(),
-                          allow_gpu_metrics=False, exit_timeout_secs=5, log_verbose=0)
-    model_config = (ModelConfig(batching=True, max_batch_size=MAX_BATCH,
-                                batcher=DynamicBatcher(max_queue_delay_microseconds=QUEUE_DELAY_US))
-                    if batching else ModelConfig(batching=False))
+    from serving.triton.python_backend import ACCESS_HEADER, server_command, start_server
+
     workspace = Path(tempfile.gettempdir()) / f"bench-triton-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    version_dir = workspace / "models" / MODEL / "1"
+    version_dir.mkdir(parents=True)
+    shutil.copy(MODEL_PY, version_dir / "model.py")
+    (version_dir.parent / "config.pbtxt").write_text(config_pbtxt(onnx_path.resolve(), tokenizer_dir.resolve(), batching))
+    cmd = server_command(workspace, workspace / "models", "127.0.0.1", http_port, free_port(), free_port())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    with Triton(config=config, workspace=workspace) as triton:
-        triton.bind(model_name=MODEL, infer_func=make_infer(onnx_path, tokenizer_dir),
-                    inputs=[Tensor(name="text", dtype=bytes, shape=(1,))],
-                    outputs=[Tensor(name="logits", dtype=np.float32, shape=(-1,))],
-                    config=model_config, strict=False)
-        triton.run()
-        stop.wait()
+    server = start_server(cmd)
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        for _ in range(600):
+            try:
+                if httpx.get(f"{base}/v2/health/live", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or stop.wait(0.2):
+                return
+        httpx.post(f"{base}/v2/repository/models/{MODEL}/load", headers={ACCESS_HEADER: cmd.token},
+                   json={}, timeout=300).raise_for_status()
+        while not stop.wait(0.5) and server.poll() is None:
+            pass
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+        shutil.rmtree(workspace, ignore_errors=True)
 
 
 def targets(ctx: RunContext) -> Iterator[Target]:

@@ -33,7 +33,9 @@ from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
 from serving.ort import session as ort_session
 from serving.settings import TritonSettings
-from serving.triton.python_backend import ACCESS_HEADER, default_threads, server_command, start_server, write_entry
+from serving.triton.python_backend import (
+    ACCESS_HEADER, has_gpu, instance_layout, server_command, start_server, write_entry,
+)
 from serving.triton.repository import TritonTarget, triton_targets
 
 log = logging.getLogger(__name__)
@@ -148,7 +150,8 @@ class ModelBinder:
         self.server = server
         self.repo_dir = repo_dir
         self.artifact_path = artifact_path
-        self.ort_threads = ort_threads  # None: the cores shared out among a model's instances
+        self.ort_threads = ort_threads  # None: python_backend.instance_layout decides
+        self.gpu = has_gpu()
         self.http_url = http_url
         self.headers = {ACCESS_HEADER: token}
         self.bound: dict[str, str] = {}  # triton name -> artifact sha
@@ -222,9 +225,10 @@ class ModelBinder:
         """Write the model's repository entry; load it when new, changed or lost (a load of a
         loaded model makes Triton swap in the new files)."""
         onnx_path = self.artifact_path(target.artifact)
-        instances = max(1, int(target.batching.get("instances") or 1))
-        threads = self.ort_threads or default_threads(instances)
-        changed = write_entry(self.repo_dir, target, onnx_path, self._signature(target, onnx_path), threads)
+        instances, threads = instance_layout(int(target.batching.get("instances") or 1), self.ort_threads,
+                                             gpu=self.gpu)
+        changed = write_entry(self.repo_dir, target, onnx_path, self._signature(target, onnx_path), threads,
+                              instances)
         if not changed and self.bound.get(target.name) == target.artifact:
             return
         client = self._client(120.0)

@@ -36,18 +36,35 @@ SHM_DEFAULT_BYTES = 4 * 1024 * 1024  # the python backend's 64 MB default per in
 SHM_GROWTH_BYTES = 1024 * 1024
 
 
-def default_threads(instances: int, cores: int | None = None) -> int:
-    """onnxruntime intra-op threads for each of ``instances`` instances: the cores shared out.
+def instance_layout(requested: int, threads: int | None = None, cores: int | None = None,
+                    gpu: bool = False) -> tuple[int, int]:
+    """(instances, onnxruntime intra-op threads per instance) for a model on ``cores`` cores.
 
-    Measured on 2 cores, W2 (MiniLM-L6, batching on, 16 connections; docs/benchmarks.md): one
-    instance with both cores and two single-thread instances served within a few per cent of
-    each other, and one instance keeps a batch's latency lowest at low load, so ``instances``
-    stays 1 by default and takes every core; asking for more instances splits them."""
+    On CPU: one single-thread instance per core by default (at least ``requested``). Measured on
+    2 cores (benchmarks/results/full.json, onnxruntime alone, no HTTP): one session with both
+    cores ran W2 (MiniLM-L6) at 83.0 texts/s and W1 at 958, two single-thread sessions side by
+    side at 92.0 and 1312; Triton hands concurrent requests (and the worker batcher's two calls
+    in flight) to separate instances, which is that second layout. ``threads`` (the
+    SERVING_TRITON_ORT_THREADS setting) gives each instance that many and cores/threads
+    instances instead. On a GPU the endpoint's ``instances`` stand (the GPU, not the cores, runs
+    the model; more sessions only take its memory), sharing the cores for their CPU work."""
     cores = cores or os.cpu_count() or 1
-    return max(1, cores // max(1, instances))
+    requested = max(1, requested)
+    if gpu:
+        return requested, threads or max(1, cores // requested)
+    if threads:
+        return max(requested, cores // threads), threads
+    return max(requested, cores), 1
 
 
-def model_config(target: TritonTarget, signature: dict[str, Any], threads: int) -> mc.ModelConfig:
+def has_gpu() -> bool:
+    from serving.ort import providers
+
+    return "CUDAExecutionProvider" in providers()
+
+
+def model_config(target: TritonTarget, signature: dict[str, Any], threads: int,
+                 instances: int | None = None) -> mc.ModelConfig:
     b = target.batching
     max_batch = int(b.get("max_batch_size") or 0)
     cfg = mc.ModelConfig(name=target.name, backend="python", max_batch_size=max_batch)
@@ -56,7 +73,8 @@ def model_config(target: TritonTarget, signature: dict[str, Any], threads: int) 
         cfg.dynamic_batching.max_queue_delay_microseconds = int(b.get("max_queue_delay_us") or 0)
         cfg.dynamic_batching.preferred_batch_size.extend(preferred)
     # KIND_CPU: the stub is a CPU process either way; onnxruntime inside it takes CUDA when present
-    cfg.instance_group.add(count=max(1, int(b.get("instances") or 1)), kind=mc.ModelInstanceGroup.KIND_CPU)
+    count = instances or max(1, int(b.get("instances") or 1))
+    cfg.instance_group.add(count=count, kind=mc.ModelInstanceGroup.KIND_CPU)
     _add_tensors(cfg.input, signature.get("inputs", []), max_batch > 0)
     _add_tensors(cfg.output, signature.get("outputs", []), max_batch > 0)
     cfg.parameters["ort_threads"].string_value = str(threads)
@@ -65,21 +83,21 @@ def model_config(target: TritonTarget, signature: dict[str, Any], threads: int) 
     return cfg
 
 
-def config_pbtxt(target: TritonTarget, signature: dict[str, Any], threads: int) -> str:
+def config_pbtxt(target: TritonTarget, signature: dict[str, Any], threads: int, instances: int | None = None) -> str:
     from google.protobuf import text_format
 
-    text = text_format.MessageToString(model_config(target, signature, threads))
+    text = text_format.MessageToString(model_config(target, signature, threads, instances))
     validate_config_pbtxt(text)
     return text
 
 
 def write_entry(repo_dir: Path, target: TritonTarget, onnx_path: Path, signature: dict[str, Any],
-                threads: int) -> bool:
+                threads: int, instances: int | None = None) -> bool:
     """Write (or refresh) one model directory; returns whether anything changed."""
     model_dir = Path(repo_dir) / target.name
     version_dir = model_dir / str(TRITON_VERSION)
     version_dir.mkdir(parents=True, exist_ok=True)
-    text = config_pbtxt(target, signature, threads)
+    text = config_pbtxt(target, signature, threads, instances)
     changed = _write_text(model_dir / MARKER, json.dumps({"artifact": target.artifact}))
     if changed or not (version_dir / "model.onnx").exists():
         _place_file(Path(onnx_path), version_dir / "model.onnx")

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from serving.triton.python_backend import config_pbtxt, default_threads, model_config, write_entry
+from serving.triton.python_backend import config_pbtxt, instance_layout, model_config, write_entry
 from serving.triton.repository import MARKER, TritonTarget, validate_config_pbtxt
 
 BATCHING = {"max_batch_size": 16, "max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8, 64], "instances": 2}
@@ -43,10 +43,12 @@ def test_fixed_shapes_without_batching_keep_the_whole_shape():
     assert list(cfg.input[0].dims) == [1, 28, 28] and list(cfg.output[0].dims) == [-1, 10]
 
 
-def test_threads_share_out_the_cores():
-    assert default_threads(1, cores=8) == 8
-    assert default_threads(2, cores=8) == 4
-    assert default_threads(4, cores=2) == 1
+def test_instance_layout():
+    assert instance_layout(1, cores=2) == (2, 1)              # CPU: a single-thread instance per core
+    assert instance_layout(4, cores=2) == (4, 1)              # never fewer than the endpoint asks
+    assert instance_layout(1, threads=2, cores=2) == (1, 2)   # SERVING_TRITON_ORT_THREADS
+    assert instance_layout(1, threads=2, cores=8) == (4, 2)
+    assert instance_layout(1, cores=8, gpu=True) == (1, 8)    # GPU: the endpoint's count
 
 
 def test_write_entry_lays_out_the_model_and_reports_changes(tmp_path, tiny_model):
@@ -97,10 +99,11 @@ def load_written_model(tmp_path, tiny_model, batching):
     return model
 
 
-def request(rng, rows: int, seq: int) -> dict[str, FakeTensor]:
+def request(rng, rows: int, seq: int, padded: bool = True) -> dict[str, FakeTensor]:
     ids = rng.integers(1000, 5000, (rows, seq), dtype=np.int64)
     mask = np.ones_like(ids)
-    mask[-1, seq // 2:] = 0
+    if padded:
+        mask[-1, seq // 2:] = 0
     return {"input_ids": FakeTensor("input_ids", ids), "attention_mask": FakeTensor("attention_mask", mask),
             "token_type_ids": FakeTensor("token_type_ids", np.zeros_like(ids))}
 
@@ -113,7 +116,7 @@ def direct(tiny_model, requests):
 def test_model_py_answers_a_batch_as_onnxruntime_on_the_concatenated_inputs(tmp_path, tiny_model):
     model = load_written_model(tmp_path, tiny_model, BATCHING)
     rng = np.random.default_rng(0)
-    requests = [request(rng, rows, 11) for rows in (1, 3, 2, 1)]
+    requests = [request(rng, rows, 11, padded=False) for rows in (1, 3, 2, 1)]
     calls = []
     run = model.session.run
     model.session.run = lambda *a: calls.append(a) or run(*a)
@@ -122,6 +125,34 @@ def test_model_py_answers_a_batch_as_onnxruntime_on_the_concatenated_inputs(tmp_
     got = np.concatenate([r.outputs["logits"] for r in responses])
     assert [r.outputs["logits"].shape[0] for r in responses] == [1, 3, 2, 1]
     np.testing.assert_allclose(got, direct(tiny_model, requests), atol=1e-5)
+
+
+def test_model_py_takes_the_padding_out_of_a_batch(tmp_path, tiny_model):
+    """Rows padded behind the mask (the worker's batcher pads to the longest) run in length groups,
+    each cut to its longest row: the logits are those of the padded batch."""
+    model = load_written_model(tmp_path, tiny_model, BATCHING)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1000, 5000, (6, 40), dtype=np.int64)
+    lengths = np.array([40, 5, 6, 38, 12, 5])
+    mask = (np.arange(40)[None, :] < lengths[:, None]).astype(np.int64)
+    req = {"input_ids": FakeTensor("input_ids", ids * mask), "attention_mask": FakeTensor("attention_mask", mask),
+           "token_type_ids": FakeTensor("token_type_ids", np.zeros_like(ids))}
+    widths = []
+    run = model.session.run
+    model.session.run = lambda names, feeds: widths.append(feeds["input_ids"].shape) or run(names, feeds)
+    (resp,) = model.execute([req])
+    assert sorted(widths) == [(1, 12), (2, 40), (3, 6)]  # 5,5,6 | 12 | 38,40
+    np.testing.assert_allclose(resp.outputs["logits"], direct(tiny_model, [req]), atol=1e-4)
+
+
+def test_length_groups_bound_the_padding():
+    from serving.triton.backend_model import length_groups
+
+    lengths = np.array([100, 10, 11, 12, 90, 50])
+    groups = length_groups(lengths)
+    assert sorted(sorted(g.tolist()) for g in groups) == [[0, 4], [1, 2, 3], [5]]
+    for g in groups:
+        assert len(g) * lengths[g].max() <= 1.25 * lengths[g].sum()
 
 
 def test_model_py_runs_other_shapes_apart_and_fails_only_the_broken_request(tmp_path, tiny_model):
