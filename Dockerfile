@@ -20,9 +20,15 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 # The dependencies first, in a layer of their own that is rebuilt only when pyproject.toml
 # changes (empty packages stand in for the code, which comes next).
+# EXTRAS=gpu (docker build --build-arg EXTRAS=gpu): onnxruntime-gpu in place of onnxruntime, for
+# workers running the onnxruntime engine on a GPU (both wheels ship the `onnxruntime` module).
+ARG EXTRAS=""
 RUN mkdir serving registry preprocess \
  && touch serving/__init__.py registry/__init__.py preprocess/__init__.py \
- && pip install . && pip uninstall -y serving && rm -rf serving registry preprocess build ./*.egg-info
+ && pip install ".${EXTRAS:+[$EXTRAS]}" \
+ && case ",$EXTRAS," in *,gpu,*) pip uninstall -y onnxruntime \
+      && pip install --no-deps --force-reinstall "onnxruntime-gpu>=1.17";; esac \
+ && pip uninstall -y serving && rm -rf serving registry preprocess build ./*.egg-info
 COPY serving ./serving
 COPY registry ./registry
 COPY preprocess ./preprocess

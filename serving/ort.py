@@ -3,6 +3,7 @@
 Shared by the worker's onnxruntime engine and the embedded Triton, so that both
 pick the GPU when this onnxruntime build has one, and both stop idle intra-op
 threads from spinning (on a small box they burn the CPU the other processes need).
+GPU boxes install the ``gpu`` extra (onnxruntime-gpu, see pyproject.toml); nothing else changes.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 
 
 def providers() -> list[str]:
-    """CUDA when this onnxruntime build has it, so a GPU box needs no other setting."""
+    """CUDA when this onnxruntime build has it (onnxruntime-gpu), so a GPU box needs no other
+    setting; the CPU provider stays listed for the operators CUDA lacks."""
     import onnxruntime as ort
 
     available = ort.get_available_providers()
