@@ -28,9 +28,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Our environment plus the repo on PYTHONPATH, so ``python -m benchmarks...`` resolves."""
-    env = {**os.environ, **(extra or {})}
+def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """Our environment plus the repo on PYTHONPATH, so ``python -m benchmarks...`` resolves; a
+    ``None`` in ``extra`` removes that variable."""
+    env = {k: v for k, v in {**os.environ, **(extra or {})}.items() if v is not None}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 

@@ -33,9 +33,11 @@ TICK = os.sysconf("SC_CLK_TCK")
 # Stack frames -> what part of the serving path they are (first match wins, innermost first).
 STAGES = (("inference (onnxruntime)", ("InferenceSession.run", "onnxruntime")),
           ("Triton client (gRPC)", ("tritonclient", "grpc")),
-          ("PyTriton proxy (embedded Triton)", ("pytriton", "model.py", "multiprocessing/", "zmq")),
+          # not "multiprocessing/" alone: every uvicorn worker process starts in multiprocessing.spawn
+          ("PyTriton proxy (embedded Triton)", ("pytriton", "multiprocessing/connection", "zmq")),
           ("tokenize", ("tokenizers", "encode", "preprocess/tokenizer")),
           ("statistics", ("serving/statistics/",)),
+          ("user code and its threads", ("preprocess/user_code", "concurrent/futures")),
           ("JSON", ("orjson", "json_response", "read_json")),
           ("HTTP (uvicorn, starlette, FastAPI)", ("uvicorn", "starlette", "fastapi", "httptools")))
 

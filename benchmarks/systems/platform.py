@@ -86,7 +86,7 @@ STACKS = (
 VARIANTS = tuple(stack.variant(ep) for stack in STACKS for ep in stack.endpoints)
 
 
-def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str]:
+def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str | None]:
     """Fresh state and free ports (the demo's recipe), statistics on or off."""
     from serving.demo import stack_env as demo_env
 
@@ -94,10 +94,14 @@ def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str]:
     shutil.rmtree(home, ignore_errors=True)
     env = demo_env(home)
     env["SERVING_STATISTICS_ENABLED"] = "true" if stack.statistics else "false"
-    return {k: v for k, v in env.items() if k.startswith("SERVING_")}
+    # Control-plane auth: the stack's control plane writes its bootstrap tokens under its fresh
+    # SERVING_HOME, where its CLI calls and processes find them (serving/credentials.py); a token
+    # of the user's own platform in our environment must not reach it (None: unset in the child).
+    tokens: dict = dict.fromkeys(("SERVING_TOKEN", "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN"))
+    return {**{k: v for k, v in env.items() if k.startswith("SERVING_")}, **tokens}
 
 
-def cli(env: dict[str, str], *args: str) -> None:
+def cli(env: dict[str, str | None], *args: str) -> None:
     """``serving ...`` as a user types it; its output goes to our log on failure."""
     out = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=child_env(env),
                          capture_output=True, text=True, timeout=300)
@@ -105,7 +109,7 @@ def cli(env: dict[str, str], *args: str) -> None:
         raise RuntimeError(f"serving {' '.join(args)} failed: {out.stdout[-1000:]}{out.stderr[-2000:]}")
 
 
-def deploy(ctx: RunContext, env: dict[str, str], endpoint: str) -> None:
+def deploy(ctx: RunContext, env: dict[str, str | None], endpoint: str) -> None:
     wl = ctx.workload
     model = f"bench-{endpoint}"
     cli(env, "model", "upload", "--name", model, "--path", str(wl.onnx_path), *ENDPOINTS[endpoint].upload)
