@@ -33,9 +33,23 @@ def unpack_tokenizer(archive: Path, dest_root: Path) -> Path:
     if not (dest / ".complete").exists():
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
+            _extract_safely(tar, dest)
         (dest / ".complete").touch()
     return dest
+
+
+def _extract_safely(tar: tarfile.TarFile, dest: Path) -> None:
+    """Regular files inside ``dest`` only: ``filter="data"`` where this Python has it (3.11.4+), the same
+    rule by hand on older ones (Debian 12's 3.11.2), never a path out of ``dest`` or a link."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    root = dest.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if not member.isfile() or root not in target.parents:
+            raise UserCodeError(f"tokenizer archive member {member.name!r} is not a plain file inside the archive")
+        tar.extract(member, root)
 
 
 def build_processor(spec: dict[str, Any], artifact_path: Callable[[str], Path], unpack_root: Path,

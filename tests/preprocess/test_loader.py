@@ -1,0 +1,36 @@
+"""Tokenizer archives unpack to plain files inside their folder, with or without tarfile's data filter
+(Python 3.11.4+; Debian 12's python3.11, which the image is built on, is 3.11.2)."""
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from preprocess import loader
+from preprocess.user_code import UserCodeError
+
+
+def evil_archive(path, name: str = "../evil.txt"):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+@pytest.mark.parametrize("has_data_filter", [True, False])
+def test_plain_files_unpack_and_escapes_are_refused(tmp_path, monkeypatch, has_data_filter):
+    if not has_data_filter:
+        monkeypatch.delattr(tarfile, "data_filter")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "vocab.txt").write_text("[PAD]\n")
+    archive = tmp_path / "tok.tar.gz"
+    archive.write_bytes(loader.pack_directory(tmp_path / "src"))
+    out = loader.unpack_tokenizer(archive, tmp_path / "out")
+    assert (out / "vocab.txt").read_text() == "[PAD]\n"
+    with pytest.raises((UserCodeError, tarfile.TarError)):
+        loader.unpack_tokenizer(evil_archive(tmp_path / "evil.tar.gz"), tmp_path / "out2")
+    assert not (tmp_path / "out2" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
