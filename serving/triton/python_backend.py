@@ -71,7 +71,12 @@ def model_config(target: TritonTarget, signature: dict[str, Any], threads: int,
     if max_batch > 0:
         preferred = sorted({int(s) for s in b.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
         cfg.dynamic_batching.max_queue_delay_microseconds = int(b.get("max_queue_delay_us") or 0)
-        cfg.dynamic_batching.preferred_batch_size.extend(preferred)
+        # No preferred sizes given: every size is preferred, so a free instance takes whatever is
+        # queued at once instead of idling up to the queue delay for more (continuous batching;
+        # requests still pile up into batches while the instances are busy). The worker's batcher
+        # already merges what queues behind a call, and Triton cannot merge its calls (their
+        # shapes differ), so the delay only added latency: 2 ms on W1's 3 ms requests.
+        cfg.dynamic_batching.preferred_batch_size.extend(preferred or range(1, max_batch + 1))
     # KIND_CPU: the stub is a CPU process either way; onnxruntime inside it takes CUDA when present
     count = instances or max(1, int(b.get("instances") or 1))
     cfg.instance_group.add(count=count, kind=mc.ModelInstanceGroup.KIND_CPU)
