@@ -1,4 +1,4 @@
-"""How long and how hard each run is: quick (< 5 min; with ``--requests`` CI's smoke test), full (the record)."""
+"""How long and how hard each run is: quick (about 6 min with W0; with ``--requests`` CI's smoke test), full (the record)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -18,11 +18,11 @@ class Mode:
     ceiling_seconds: float     # per batch size
     corpus_size: int
     workloads: tuple[str, ...]
-    skip: tuple[str, ...] = ()  # variants left out unless asked for by name (keeps quick under 5 min)
+    skip: tuple[str, ...] = ()  # variants left out unless asked for by name (keeps quick short)
     ceiling_repeats: int = 2   # the ceiling is measured this many times, interleaved with the systems it bounds
 
 
-# quick: one level, under 5 minutes on a 2-core box; full: the recorded run.
+# quick: one level, about 6 minutes on a 2-core box with W0; full: the recorded run.
 # ``--requests N`` swaps the durations for N requests per level (the smoke test).
 MODES: dict[str, Mode] = {
     "quick": Mode("quick", concurrency=(16,), warmup_s=1.5, duration_s=4.0, requests=None, warmup_requests=0,

@@ -35,7 +35,7 @@ def create_from_env() -> FastAPI:
 def freeze_heap() -> None:
     """What is loaded by now (modules, models, user code) lives as long as the process or the
     config; left to the collector, each full collection walks all of it and stops every request
-    meanwhile: the W0 echo's p99 went from 46-52 ms to 12-17 ms without those pauses
+    meanwhile: the W0 echo's p99 went from 46-56 ms to 12.5-39 ms without those pauses
     (docs/benchmarks.md). Called at start and after each config is applied (a cheap collection
     then: the frozen heap is no longer walked)."""
     gc.collect()
