@@ -222,3 +222,33 @@ def test_worker_wide_extra_packages_land_on_every_process_path(tmp_path, monkeyp
                            capture_output=True, text=True, env=os.environ.copy())
     assert child.stdout.strip() == "42", child.stderr
     assert (tmp_path / "packages").is_dir()
+
+
+SLOW_PROCESS = '''
+import time
+
+
+class Preprocess:
+    def preprocess(self, body, state, collect_custom_statistics_fn=None):
+        return body
+
+    def process(self, data, state, collect_custom_statistics_fn=None):
+        time.sleep(data.get("sleep", 0))
+        return data
+
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        return {"done": True}
+'''
+
+
+def test_the_deadline_names_the_step_that_ran_past_it(make_client, store, tmp_path):
+    """All three synchronous steps of a custom endpoint run in one thread hop; each keeps its deadline."""
+    sha = user_file(store, tmp_path, "slow_process.py", SLOW_PROCESS)
+    spec = {"name": "slowp", "engine": "custom", "targets": [], "metrics": [], "log_freq": 1.0, "batching": {},
+            "preprocess": {"kind": "user", "artifact": sha, "options": {"timeout_s": 0.5}}}
+    client, recorder = make_client(spec)
+    r = client.post("/serve/slowp", json={"sleep": 2})
+    assert r.status_code == 504 and "process() in preprocess.py did not finish within 0.5 s" in r.json()["error"], r.text
+    assert client.post("/serve/slowp", json={"sleep": 0}).json() == {"done": True}
+    assert [e["status"] for e in recorder.events] == [504, 200]
+    assert set(recorder.events[-1]["stages"]) == {"preprocess", "inference", "postprocess"}
