@@ -36,11 +36,16 @@ SHM_DEFAULT_BYTES = 4 * 1024 * 1024  # the python backend's 64 MB default per in
 SHM_GROWTH_BYTES = 1024 * 1024
 
 
+MAX_DEFAULT_INSTANCES = 4  # each instance holds its own copy of the model: bounded memory on big boxes
+
+
 def instance_layout(requested: int, threads: int | None = None, cores: int | None = None,
                     gpu: bool = False) -> tuple[int, int]:
     """(instances, onnxruntime intra-op threads per instance) for a model on ``cores`` cores.
 
-    On CPU: one single-thread instance per core by default (at least ``requested``). Measured on
+    On CPU: one single-thread instance per core by default (at least ``requested``; past
+    MAX_DEFAULT_INSTANCES cores, that many instances sharing the cores, as each holds the model
+    in memory; only 2 cores were measured). Measured on
     2 cores (benchmarks/results/full.json, onnxruntime alone, no HTTP): one session with both
     cores ran W2 (MiniLM-L6) at 83.0 texts/s and W1 at 958, two single-thread sessions side by
     side at 92.0 and 1312; Triton hands concurrent requests (and the worker batcher's two calls
@@ -54,7 +59,8 @@ def instance_layout(requested: int, threads: int | None = None, cores: int | Non
         return requested, threads or max(1, cores // requested)
     if threads:
         return max(requested, cores // threads), threads
-    return max(requested, cores), 1
+    instances = max(requested, min(cores, MAX_DEFAULT_INSTANCES))
+    return instances, max(1, cores // instances)
 
 
 def has_gpu() -> bool:

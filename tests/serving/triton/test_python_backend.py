@@ -48,6 +48,7 @@ def test_instance_layout():
     assert instance_layout(4, cores=2) == (4, 1)              # never fewer than the endpoint asks
     assert instance_layout(1, threads=2, cores=2) == (1, 2)   # SERVING_TRITON_ORT_THREADS
     assert instance_layout(1, threads=2, cores=8) == (4, 2)
+    assert instance_layout(1, cores=16) == (4, 4)             # bounded: each instance holds the model
     assert instance_layout(1, cores=8, gpu=True) == (1, 8)    # GPU: the endpoint's count
 
 
