@@ -31,7 +31,8 @@ def upload(
     project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
     tag: list[str] = typer.Option([], "--tag", "--tags", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
-    optimize: Optional[str] = typer.Option(None, help="fusion | int8: onnxruntime transformer fusions, + int8 weights"),
+    optimize: Optional[str] = typer.Option(None, help="fusion | int8 | fp16: onnxruntime transformer fusions, "
+                                                      "+ int8 weights (CPU), or + fp16 (GPU)"),
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
@@ -53,8 +54,10 @@ def upload(
 def _optimized(path: Path, mode: str, num_heads: int, hidden_size: int) -> tuple[Path, dict]:
     from serving.optimize import optimize
 
-    if mode not in ("fusion", "int8"):
-        raise typer.BadParameter(f"--optimize must be fusion or int8, not {mode!r}")
+    from serving.optimize import MODES
+
+    if mode not in MODES:
+        raise typer.BadParameter(f"--optimize must be one of {', '.join(MODES)}, not {mode!r}")
     with console.status(f"optimizing ({mode}) and checking agreement on a sample"):
         report = optimize(path, mode, num_heads=num_heads, hidden_size=hidden_size)
     console.print(f"{mode}: predicted label agrees with the original on {report.label_agreement:.1%} of "

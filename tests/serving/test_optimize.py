@@ -23,3 +23,14 @@ def test_int8_is_smaller_and_reported(tiny_model, tmp_path):
     assert 0.0 <= report.label_agreement <= 1.0
     assert np.isfinite(report.max_abs_logit_diff) and report.max_abs_logit_diff < 1.0
     assert report.as_metadata()["optimize"] == "int8"
+
+
+def test_fp16_halves_the_weights_keeps_fp32_io_and_the_labels(tiny_model, tmp_path):
+    """fp16 is for GPU workers; onnxruntime's CPU provider runs it too, which is how it is checked here."""
+    import onnx
+
+    report = optimize(tiny_model.onnx_path, "fp16", tmp_path, samples=16, num_heads=2, hidden_size=128)
+    assert report.size_after < report.size_before * 0.6
+    model = onnx.load(str(report.path))
+    assert {i.type.tensor_type.elem_type for i in model.graph.output} == {onnx.TensorProto.FLOAT}
+    assert report.max_abs_logit_diff < 0.05 and report.label_agreement >= 0.9, report
