@@ -64,7 +64,7 @@ class WorkerSettings(CommonSettings):
     ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
-    worker_batching: bool = True     # merge concurrent requests for one Triton model into one call
+    worker_batching: bool = False    # merge concurrent requests for one Triton model into one padded call
     user_code_timeout_s: float = 60.0  # deadline of one call into preprocess.py; past it a 504
     pipeline_url: str | None = None  # send_request to endpoints this worker lacks; default: its own /serve
     extra_python_packages: str = ""  # pip requirements installed at worker start (ClearML's EXTRA_PYTHON_PACKAGES)

@@ -55,6 +55,7 @@ def second_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model):
     s = make_stack(tmp_path_factory.mktemp("stack"), workers=2)
+    s.env["SERVING_WORKER_BATCHING"] = "true"  # off by default: keep the worker-side batcher covered here
     try:
         s.start_control_plane()
         s.start_triton()
