@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import AsyncIterator
 
+import psutil
+
 from serving.artifact_client import shard_path
 
 log = logging.getLogger(__name__)
@@ -21,16 +23,6 @@ log = logging.getLogger(__name__)
 HEX = set("0123456789abcdef")
 UPLOAD_PREFIX = ".upload-"
 STALE_TEMP_S = 6 * 3600  # a temp file this old is left over whoever wrote it
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def is_sha256(text: str) -> bool:
@@ -59,7 +51,7 @@ class ArtifactStore:
             mine = len(parts) >= 3 and parts[0] == host and parts[1].isdigit()
             try:
                 old = time.time() - path.stat().st_mtime > STALE_TEMP_S
-                if old or (mine and not _pid_alive(int(parts[1]))) or (path.name.startswith(UPLOAD_PREFIX)
+                if old or (mine and not psutil.pid_exists(int(parts[1]))) or (path.name.startswith(UPLOAD_PREFIX)
                                                                          and len(parts) < 3):
                     path.unlink()
                     removed.append(path)

@@ -77,16 +77,6 @@ def kill_descendants(grace_s: float = 3.0) -> int:
     return len(procs)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(tmpdir: str | None = None) -> list[int]:
     """Cleanup on start: what an embedded Triton killed with ``kill -9`` left behind.
 
@@ -99,7 +89,7 @@ def clean_stale(tmpdir: str | None = None) -> list[int]:
     dead: list[str] = []
     for ws in root.glob(f"{WORKSPACE_PREFIX}*"):
         m = re.match(rf"{WORKSPACE_PREFIX}(\d+)-", ws.name)
-        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+        if m and int(m.group(1)) != os.getpid() and not psutil.pid_exists(int(m.group(1))):
             dead.append(str(ws))
     if not dead:
         return []
