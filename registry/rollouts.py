@@ -22,7 +22,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from registry import schemas
-from registry.orm import AuditEntry, Endpoint, EndpointTarget, Rollout
+from registry.orm import AuditEntry, Endpoint, Rollout
 from registry.rollout_metrics import Counters, MetricsSource, Window
 from registry.service import Conflict, NotFound, Registry
 

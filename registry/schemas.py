@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator

@@ -11,11 +11,13 @@ from typing import Callable, TypeVar
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
-from sqlalchemy.orm import Session, object_session, selectinload, sessionmaker
+from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from registry import io_spec, schemas
 from registry.artifacts import ArtifactStore
+from registry.errors import Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
+from registry.routes import declared_io, route, route_newest
 from registry.signature import onnx_signature
 
 log = logging.getLogger(__name__)
@@ -23,22 +25,6 @@ T = TypeVar("T")
 
 MAX_VERSION = 2**31 - 1  # model_versions.version is a 32-bit integer on PostgreSQL
 WRITE_ATTEMPTS = 30  # a write that loses a race is run again from the start, this many times at most
-
-
-class RegistryError(Exception):
-    status = 400
-
-
-class NotFound(RegistryError):
-    status = 404
-
-
-class Conflict(RegistryError):
-    status = 409
-
-
-class Unprocessable(RegistryError):
-    status = 422
 
 
 def _retriable(exc: Exception) -> bool:
@@ -181,13 +167,13 @@ class Registry:
                 # ClearML Serving's default: no batching when tensors are declared (sizes are whole shapes)
                 ep.batching = (req.batching or schemas.Batching(max_batch_size=0 if req.io else 32)).model_dump()
             if req.io is not None:
-                ep.io = _declared_io(req.io, ep.batching, model)
+                ep.io = declared_io(req.io, ep.batching, model)
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
-                _route_newest(s, ep)
+                route_newest(s, ep)
             elif model is not None:
                 ep.auto_update = {}
-                _route(ep, model, req.canary)
+                route(ep, model, req.canary)
             else:
                 ep.auto_update = {}
                 ep.targets.clear()
@@ -204,7 +190,7 @@ class Registry:
             if req.canary is not None or req.max_versions is not None:
                 raise RegistryError("a canary or auto-update needs a model")
             if req.preprocess is None or req.preprocess.kind != "user":
-                raise RegistryError(f"an endpoint without a model runs preprocess.py: give --preprocess")
+                raise RegistryError("an endpoint without a model runs preprocess.py: give --preprocess")
         elif req.engine in ("triton", "onnxruntime") and model.framework != "onnx":
             raise RegistryError(f"engine {req.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
         pre = req.preprocess
@@ -263,7 +249,7 @@ class Registry:
         def follow(s: Session) -> list[str]:
             changed = [ep for ep in s.scalars(select(Endpoint)) if (ep.auto_update or {}).get("model") == model_name]
             for ep in changed:
-                _route_newest(s, ep)
+                route_newest(s, ep)
             s.flush()
             return [ep.name for ep in changed]
 
@@ -275,7 +261,7 @@ class Registry:
             ep = self._endpoint(s, name)
             if ep.auto_update:
                 ep.auto_update = {**ep.auto_update, "weights": req.weights}
-                _route_newest(s, ep)
+                route_newest(s, ep)
             else:
                 targets = sorted(ep.targets, key=lambda t: t.model.version)
                 if len(req.weights) > len(targets):
@@ -397,54 +383,3 @@ def _model(s: Session, name: str, version: int | None) -> ModelVersion:
     if model is None:
         raise NotFound(f"model {name}" + (f":{version}" if version else "") + " not found")
     return model
-
-
-def _declared_io(decl: schemas.IODeclaration, batching: dict, model: ModelVersion | None) -> dict:
-    try:
-        io = io_spec.normalize(decl, int(batching.get("max_batch_size") or 0))
-        if model is not None:
-            io_spec.check_against(io, model.signature or {}, f"{model.name}:{model.version}")
-    except io_spec.IOMismatch as exc:
-        raise Unprocessable(str(exc)) from None
-    return io
-
-
-def _route_newest(s: Session, ep: Endpoint) -> None:
-    """The newest ``max_versions`` versions; the newest takes all traffic unless weights were set."""
-    policy = ep.auto_update
-    versions = list(s.scalars(select(ModelVersion).where(ModelVersion.name == policy["model"])
-                              .order_by(ModelVersion.version.desc()).limit(policy["max_versions"])))[::-1]
-    if not versions:
-        raise NotFound(f"model {policy['model']} has no versions")
-    weights = [0.0] * len(versions)
-    chosen = policy.get("weights") or [100.0]
-    for i, w in enumerate(chosen[::-1]):  # the last weight goes to the newest version
-        if i < len(versions):
-            weights[-1 - i] = w
-    total = sum(weights) or 1.0
-    ep.targets.clear()
-    s.flush()
-    for i, (m, w) in enumerate(zip(versions, weights)):
-        ep.targets.append(EndpointTarget(model=m, weight=100.0 * w / total,
-                                         role="stable" if i == len(versions) - 1 else "canary"))
-
-
-def _route(ep: Endpoint, model: ModelVersion, canary: float | None) -> None:
-    """Without a canary the version replaces all targets; with one it takes `canary`%
-    and the current stable version the rest."""
-    session = object_session(ep)
-    if canary is None:
-        ep.targets.clear()
-        session.flush()  # delete before insert: (endpoint, model) is unique
-        ep.targets.append(EndpointTarget(model=model, weight=100.0, role="stable"))
-        return
-    stable = next((t for t in ep.targets if t.role == "stable"), None)
-    if stable is None:
-        raise Conflict(f"endpoint {ep.name} has no stable version to split traffic with")
-    if stable.model_id == model.id:
-        raise Conflict(f"{model.name}:{model.version} is already the stable version of {ep.name}")
-    for t in [t for t in ep.targets if t is not stable and (t.role != "shadow" or t.model_id == model.id)]:
-        ep.targets.remove(t)  # a shadow of another version keeps shadowing
-    session.flush()
-    stable.weight = 100.0 - canary
-    ep.targets.append(EndpointTarget(model=model, weight=float(canary), role="canary"))

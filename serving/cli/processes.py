@@ -76,7 +76,7 @@ def up(
     home = home or os.environ.get("SERVING_HOME") or str(default_home())
     port = port or WorkerSettings().worker_port
     env = stack_env(home, port)
-    cp, st, tr = ControlPlaneSettings(), StatisticsSettings(), TritonSettings()
+    st, tr = StatisticsSettings(), TritonSettings()
     sup = Supervisor(env, log_dir=default_log_dir(home))
     try:
         sup.start(Child("control-plane", ["control-plane"], f"{env['SERVING_CONTROL_PLANE_URL']}/health"))
