@@ -34,3 +34,21 @@ def test_plain_files_unpack_and_escapes_are_refused(tmp_path, monkeypatch, has_d
     with pytest.raises((UserCodeError, tarfile.TarError)):
         loader.unpack_tokenizer(evil_archive(tmp_path / "evil.tar.gz"), tmp_path / "out2")
     assert not (tmp_path / "out2" / "evil.txt").exists() and not (tmp_path / "evil.txt").exists()
+
+
+def test_processes_unpacking_at_once_never_see_a_half_written_file(tmp_path):
+    """Worker processes load one config together: each must find the whole tokenizer or none."""
+    import multiprocessing
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "tokenizer.json").write_text("x" * 5_000_000)
+    archive = tmp_path / "tok.tar.gz"
+    archive.write_bytes(loader.pack_directory(tmp_path / "src"))
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        sizes = pool.starmap(_unpack_and_measure, [(archive, tmp_path / "out")] * 8)
+    assert sizes == [5_000_000] * 8
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["tok.tar.gz"]  # no temp folders left
+
+
+def _unpack_and_measure(archive, root) -> int:
+    return (loader.unpack_tokenizer(archive, root) / "tokenizer.json").stat().st_size
