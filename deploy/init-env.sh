@@ -1,10 +1,44 @@
 #!/bin/sh
 # Create deploy/.env (git-ignored, mode 0600) on first use: the settings of .env.example plus
 # random secrets (database and Grafana passwords, the control plane's admin and worker tokens).
-# An existing .env is left alone. Usage: deploy/init-env.sh && cd deploy && docker compose up -d
+# An existing .env is left alone, unless it holds a secret that was once published in this
+# repository (commit 46a9e89 tracked a generated .env by mistake): then it is moved aside and
+# a new one written. Usage: deploy/init-env.sh && cd deploy && docker compose up -d
 set -eu
 cd "$(dirname "$0")"
-[ -f .env ] && { echo "deploy/.env exists; leaving it"; exit 0; }
+
+# sha256 of each value that deploy/.env carried while it was tracked (the values themselves are
+# not repeated here). A stack started from such a clone must rotate them: docs/security.md.
+PUBLISHED="
+5dc6a1e9ae42422cccdebac29bcd56578725109e5fa57ae1cb63d785b5de55a1
+d4043b20659cf0dc10fcd6b9d4e2eb9d6e152627ee40371eeaa7d2b8a784ef37
+fb3148c4324e66de1c4c5401ea0b246c91e26674221405e837bf9560a0129ca1
+e5c79580a7ca5ce970c0215ce318776c881900be6d9b47e8f2cfc70d6573df08
+"
+SECRET_KEYS="POSTGRES_PASSWORD GRAFANA_ADMIN_PASSWORD SERVING_ADMIN_TOKEN SERVING_WORKER_TOKEN"
+
+published_in() {  # prints the names of the keys in $1 whose value was published
+  for key in $SECRET_KEYS; do
+    value=$(sed -n "s/^$key=//p" "$1" | tail -n 1)
+    [ -n "$value" ] || continue
+    digest=$(printf %s "$value" | sha256sum | cut -c1-64)
+    case "$PUBLISHED" in *"$digest"*) printf '%s ' "$key" ;; esac
+  done
+}
+
+if [ -f .env ]; then
+  leaked=$(published_in .env)
+  if [ -z "$leaked" ]; then
+    echo "deploy/.env exists; leaving it"
+    exit 0
+  fi
+  backup=".env.published-$(date -u +%Y%m%dT%H%M%SZ)"
+  mv .env "$backup"
+  chmod 600 "$backup"
+  echo "deploy/.env held values once published in the repository ($leaked): moved to deploy/$backup" \
+       "and writing new ones. A stack already started with them must rotate them: docs/security.md" >&2
+fi
+
 rand() { head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
 umask 077
 {

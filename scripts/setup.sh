@@ -10,7 +10,14 @@ command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v wrk >/dev/null || need_apt+=(wrk)  # the benchmarks' load generator
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 # the compose test's container engine (tests/deploy/test_compose_up.py, scripts/images.sh)
-command -v podman >/dev/null || need_apt+=(podman runc netavark aardvark-dns)
+# netavark (podman's network stack) calls iptables for every container network; Debian's podman does
+# not pull it in, and without it `podman run` fails with "netavark: No such file or directory".
+command -v podman >/dev/null || need_apt+=(podman)
+for exe in runc:runc netavark:/usr/lib/podman/netavark aardvark-dns:/usr/lib/podman/aardvark-dns \
+           iptables:iptables conmon:conmon; do
+  pkg=${exe%%:*} path=${exe#*:}
+  { [ -x "$path" ] || command -v "$path" >/dev/null; } || need_apt+=("$pkg")
+done
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 if [ ${#need_apt[@]} -gt 0 ] && [ "${SKIP_APT:-0}" != 1 ]; then
   echo "== installing system packages: ${need_apt[*]}"

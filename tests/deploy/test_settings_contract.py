@@ -176,15 +176,23 @@ def test_chart_database_and_kafka_addresses():
 
 
 def test_chart_external_services_are_passed_through():
-    import base64
-
     vals = VALUES_FILES["external-db"].read_text()
     docs = manifests("external-db")
     env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
-    name, key = env["control-plane"]["SERVING_DATABASE_URL"].removeprefix("secret:").split("/")
-    url = base64.b64decode(find(docs, "Secret", name)[0]["data"][key]).decode()
-    assert url in vals
+    assert env["control-plane"]["SERVING_DATABASE_URL"] == "secret:registry-database/database-url"
+    assert not find(docs, "Secret", "demo-serving-database"), "the user's Secret, not one of the chart's"
     assert env["worker"]["SERVING_KAFKA_BOOTSTRAP_SERVERS"] in vals
+
+
+def test_chart_stores_an_external_database_url_in_a_secret_of_its_own():
+    import base64
+    import secrets
+
+    url = f"postgresql://serving:{secrets.token_hex(8)}@postgres.databases.svc:5432/registry"
+    docs = manifests("external-db", f"externalDatabase: {{url: '{url}', existingSecret: ''}}")
+    env = {n: container_env(docs, d, c) for n, d, c in serving_containers(docs)}
+    name, key = env["control-plane"]["SERVING_DATABASE_URL"].removeprefix("secret:").split("/")
+    assert base64.b64decode(find(docs, "Secret", name)[0]["data"][key]).decode() == url
 
 
 def test_chart_without_kafka_sends_statistics_over_http_to_the_statistics_service():
