@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import pytest
 from tests.support.postgres import create_database, postgres_server
 
 _db_counter = itertools.count()
+
+# Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
+# engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
+os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
 
 
 @pytest.fixture(scope="session")
