@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import leftovers
 from tests.support.postgres import create_database, postgres_server
 
 _db_counter = itertools.count()
@@ -14,6 +15,17 @@ _db_counter = itertools.count()
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers():
+    """The suite fails when any test leaves a process, a /dev/shm segment or a conmon behind
+    (tests/support/leftovers.py); they are cleaned up either way."""
+    base = leftovers.start_session()
+    yield
+    found = leftovers.collect(base)
+    if found:
+        pytest.fail("the test session left these behind (now removed):\n" + "\n".join(found), pytrace=False)
 
 
 @pytest.fixture(scope="session")
