@@ -4,7 +4,7 @@ Each component runs in its own process (as it would in a container) and its own 
 group, so a crash in one is visible and the others keep going: workers serve from their cached
 config while the control plane is away, and answer 503 with ``Retry-After`` while Triton is.
 A child that exits (crash, ``kill -9``, OOM killer) has what is left of its process group
-killed (Triton's Python-backend stubs, PyTriton's helpers) and is started again after a
+killed (Triton's Python-backend stubs) and is started again after a
 backoff (0.5 s, doubling up to 10 s), with the reason logged. The supervisor stops only on
 Ctrl-C or SIGTERM, or when one child crash-loops (``max_crashes`` exits within
 ``crash_window_s``): then it stops them all, newest first, and waits for each so no Triton
