@@ -152,3 +152,42 @@ def test_values_schema_rejects_misspelt_or_mistyped_values(bad):
         chart.validate_schema(values("default"))  # the defaults pass
         with pytest.raises(helm.HelmValuesError):
             chart.render(bad, name="demo")
+
+
+INGRESS_TLS = {"ingress": {"enabled": True, "className": "nginx", "hosts": ["models.example.com"],
+                           "annotations": {"cert-manager.io/cluster-issuer": "letsencrypt"},
+                           "tls": [{"secretName": "serving-tls", "hosts": ["models.example.com"]}]}}
+
+
+def test_the_ingress_terminates_tls_with_the_named_secret_in_front_of_the_workers():
+    import helm_python as helm
+    import kubernetes_validate
+
+    assert find(manifests("default"), "Ingress") == []  # off by default
+    report = helm.lint(CHART, INGRESS_TLS, strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
+    docs = manifests("default", yaml.safe_dump(INGRESS_TLS))
+    (ingress,) = find(docs, "Ingress")
+    kubernetes_validate.validate(ingress, KUBE_VERSION, strict=True)
+    assert ingress["spec"]["tls"] == [{"secretName": "serving-tls", "hosts": ["models.example.com"]}]
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt"}
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "models.example.com"
+    (path,) = rule["http"]["paths"]
+    (service,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == path["backend"]["service"]["name"]]
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    assert path["path"] == "/" and path["pathType"] == "Prefix"
+
+
+def test_an_ingress_without_tls_is_refused_unless_plain_http_is_asked_for():
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="ingress.enabled needs ingress.tls"):
+        rendered_files("default", yaml.safe_dump({"ingress": {"enabled": True}}))
+    (ingress,) = find(manifests("default", yaml.safe_dump({"ingress": {"enabled": True, "plainHttp": True}})),
+                      "Ingress")
+    assert "tls" not in ingress["spec"] and "host" not in ingress["spec"]["rules"][0]
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.render({"ingress": {"enabled": True, "tls": [{"secretName": "serving-tls"}]}}, name="demo")
