@@ -12,7 +12,7 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
-from registry import audit, auth, schemas
+from registry import audit, auth, client_keys, schemas
 from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.db import make_engine, session_factory, upgrade
@@ -81,6 +81,7 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     audit.install(app, sessions)
     app.state.max_artifact_bytes = settings.max_artifact_bytes
     _routes(app, registry, broadcaster, store)
+    client_keys.install(app, registry)
     app.include_router(rollout_router(rollouts))
     return app
 

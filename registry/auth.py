@@ -4,7 +4,7 @@ Roles (see docs/security.md):
 
 * ``viewer``: reads (models, endpoints, config, artifacts, audit log);
 * ``deployer``: also uploads and changes endpoints, canaries, metrics, rollouts;
-* ``admin``: also deletes models and endpoints and manages tokens;
+* ``admin``: also deletes models and endpoints and manages tokens and data-plane client keys;
 * ``worker``: the config stream (``/config``, ``/config/stream``) and artifact downloads only,
   and ``/auth/whoami`` (the statistics service validates tokens through it).
 
@@ -19,7 +19,6 @@ under the names ``bootstrap-admin`` / ``bootstrap-worker`` at every start.
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import re
@@ -35,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from registry.orm import ApiToken, AuditEntry
-from serving.credentials import ensure_token_file, new_token
+from serving.credentials import ensure_token_file, new_token, secret_sha256
 from serving.settings import ControlPlaneSettings
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,9 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/tokens"): ADMINS,
     ("POST", "/tokens"): ADMINS,
     ("DELETE", "/tokens/{name}"): ADMINS,
+    ("GET", "/client-keys"): ADMINS,
+    ("POST", "/client-keys"): ADMINS,
+    ("DELETE", "/client-keys/{name}"): ADMINS,
     ("GET", "/audit"): READERS,
 }
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -67,8 +69,7 @@ TOUCH_EVERY_S = 60.0
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+hash_token = secret_sha256  # one hashing for tokens and client keys (serving/credentials.py)
 
 
 def allowed_roles(method: str, path: str) -> frozenset[str]:

@@ -106,6 +106,22 @@ class ApiToken(Base):
     uploaded_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
+class ClientKey(Base):
+    """A data-plane credential: its sha256, the endpoints it may call (None: all) and its rate.
+    Workers get these rows (never the key) in the config snapshot and check requests themselves."""
+
+    __tablename__ = "client_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    endpoints: Mapped[list | None] = mapped_column(JSON, nullable=True)  # None: every endpoint
+    rate: Mapped[float | None] = mapped_column(Float, nullable=True)  # requests per second; None: no limit
+    burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
 class AuditEntry(Base):
     """One change made through the control plane: who (token name), what, when."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
+from registry.client_keys import snapshot_keys
 from registry.orm import ConfigState, Endpoint, EndpointTarget
 from serving.triton.naming import triton_model_name
 
@@ -30,10 +31,10 @@ def _endpoint(ep: Endpoint) -> dict:
 
 
 def build_snapshot(s: Session) -> dict:
-    """Read revision and endpoints in one transaction so they agree."""
+    """Read revision, endpoints and client keys in one transaction so they agree."""
     revision = s.scalar(select(ConfigState.revision).where(ConfigState.id == 1)) or 0
     q = select(Endpoint).options(
         selectinload(Endpoint.targets).selectinload(EndpointTarget.model), selectinload(Endpoint.metrics)
     )
     endpoints = {ep.name: _endpoint(ep) for ep in s.scalars(q)}
-    return {"revision": revision, "endpoints": endpoints}
+    return {"revision": revision, "endpoints": endpoints, "client_keys": snapshot_keys(s)}

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -24,6 +25,11 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def secret_sha256(secret: str) -> str:
+    """How the platform stores and compares every secret it issues (API tokens, client keys)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def token_dir(home: Path) -> Path:

@@ -68,6 +68,7 @@ class WorkerSettings(CommonSettings):
     user_code_timeout_s: float = 60.0  # deadline of one call into preprocess.py; past it a 504
     pipeline_url: str | None = None  # send_request to endpoints this worker lacks; default: its own /serve
     extra_python_packages: str = ""  # pip requirements installed at worker start (ClearML's EXTRA_PYTHON_PACKAGES)
+    client_keys_required: bool = False  # /serve and /v2 need a client key (serving key create); compose/Helm: true
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from serving.cli import processes, tokens
+from serving.cli import keys, processes, tokens
 from serving.cli.client import ControlPlane
 from serving.cli.endpoints import canary_app, endpoint_app, metrics_app
 from serving.cli.models import app as model_app
@@ -30,6 +30,7 @@ app.add_typer(endpoint_app, name="endpoint")
 app.add_typer(canary_app, name="canary")
 app.add_typer(metrics_app, name="metrics")
 app.add_typer(tokens.token_app, name="token")
+app.add_typer(keys.key_app, name="key")
 app.command()(tokens.login)
 app.command()(tokens.audit)
 app.add_typer(rollout_app, name="rollout")

@@ -20,6 +20,11 @@ dropped (the shadow was too slow)::
     {"endpoint": "sentiment", "version": 2, "status": 200, "latency_s": 0.02, ...,
      "shadow": {"live_version": 1, "agree": true, "mad": 0.013}}
 
+With client keys required (serving/worker/client_keys.py), an event carries the key's name
+(``"key": "alice"``, never the key); a request the key check refused is an event of its own
+with the reason (``"refused": "missing_key" | "invalid_key" | "endpoint_scope" | "rate"``),
+counted apart from the endpoint's requests.
+
 ``dropped`` is the sender's cumulative count of events it had to discard (queue
 full, send failures), so the service can export losses it never saw.
 """
@@ -49,6 +54,8 @@ class StatisticsEvent:
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
     shadow: "ShadowResult | None" = None  # set for copies served by a shadow version
+    key: str | None = None      # the client key's name, when workers require keys
+    refused: str | None = None  # why the client-key check refused the request (then nothing else ran)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -56,6 +63,10 @@ class StatisticsEvent:
                "stages": dict(self.stages), "custom": dict(self.custom)}
         if self.shadow is not None:
             out["shadow"] = self.shadow.to_dict()
+        if self.key is not None:
+            out["key"] = self.key
+        if self.refused is not None:
+            out["refused"] = self.refused
         return out
 
 
@@ -134,7 +145,16 @@ def parse_event(raw: Any) -> StatisticsEvent:
         latency_s=_finite(raw.get("latency_s", 0.0), "latency_s"),
         ts=float(raw.get("ts") or 0.0), stages=_stages(raw.get("stages")),
         custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
+        key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
     )
+
+
+def _label(value: Any, name: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 128:
+        raise EventError(f"{name} must be a name of 1 to 128 characters: {value!r}")
+    return value
 
 
 def _default(obj: Any) -> Any:

@@ -17,6 +17,7 @@ from serving.statistics.definitions import EndpointDefs, VariableDef, parse_snap
 from serving.statistics.drift import DriftConfig, DriftMonitor, SeriesKey
 from serving.statistics.events import Batch, EventError, StatisticsEvent, decode_batch, parse_event
 from serving.statistics.exporter import DriftCollector
+from serving.statistics.key_metrics import KeyMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
 
@@ -28,6 +29,7 @@ class StatisticsPipeline:
                  references: ReferenceStore | None = None) -> None:
         self.requests = RequestMetrics(registry)
         self.shadows = ShadowMetrics(registry)
+        self.keys = KeyMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -98,6 +100,8 @@ class StatisticsPipeline:
             self.dropped.inc(increase)
 
     def handle_event(self, event: StatisticsEvent) -> None:
+        if self.keys.observe(event):  # refused by the client-key check: counted there only
+            return
         if event.shadow is not None:  # a copy: its own series only, no live counts, variables or drift
             self.shadows.observe(event)
             return

@@ -97,6 +97,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     sync = ConfigSync(engines, fetcher.path, settings.home / "cache" / "unpacked", sender=sender,
                       user_timeout_s=settings.user_code_timeout_s)
     dataplane = sender.dataplane = DataPlane(sync, engines, recorder)
+    dataplane.keys.required = settings.client_keys_required
+    sync.listeners.insert(0, dataplane.keys.apply_snapshot)  # the keys of each pushed config, first
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

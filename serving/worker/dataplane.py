@@ -17,11 +17,15 @@ import numpy as np
 from preprocess.base import InputOutOfRange, PreprocessError, UserCodeTimeout
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
+from serving.worker.client_keys import ClientKeys
 from serving.worker.engines.base import Engine
 from serving.worker.errors import (BadRequest, GatewayTimeout, ModelNotReady, NotFound, ServingError, Unavailable,
                                    Unprocessable)
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
+
+
+UNKNOWN_ENDPOINT = "(unknown)"  # refusal statistics of endpoints this worker does not serve
 
 
 class ConfigSource(Protocol):
@@ -45,6 +49,7 @@ class _Stats:
     endpoint: str
     t0: float = field(default_factory=time.perf_counter)
     version: int | None = None
+    client: str | None = None  # the client key's name (never the key), when keys are required
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
     _mark: float = 0.0
@@ -67,7 +72,9 @@ class DataPlane:
         self.config = config
         self.engines = engines
         self.recorder = recorder
-        self.shadow = ShadowMirror(self)  # copies to shadow versions, after the live answer (shadow.py)
+        # copies to shadow versions, after the live answer (shadow.py)
+        self.shadow = ShadowMirror(self._run, self.engines, lambda: self.recorder)
+        self.keys = ClientKeys(on_refusal=self.refuse)  # front ends call keys.check (client_keys.py)
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -100,12 +107,13 @@ class DataPlane:
         return True
 
     # --- inference ----------------------------------------------------------------
-    async def infer(self, name: str, body: Any, version: int | None = None, routing_key: str | None = None) -> Answer:
-        """A request body in, the postprocessed answer out (``/serve``)."""
+    async def infer(self, name: str, body: Any, version: int | None = None, routing_key: str | None = None,
+                    client: str | None = None) -> Answer:
+        """A request body in, the postprocessed answer out (``/serve``); ``client``: the key's name."""
         ep = self.endpoint(name)
         target = self.route(ep, version, routing_key)
         copies = self.shadow.pick(ep, body) if version is None else None
-        stats = _Stats(ep.name, version=target.version)
+        stats = _Stats(ep.name, version=target.version, client=client)
         status = 500
         try:
             state: dict[str, Any] = {}
@@ -143,14 +151,15 @@ class DataPlane:
             self._record(stats, status)
 
     async def infer_tensors(self, name: str, inputs: dict[str, np.ndarray], version: int | None = None,
-                            routing_key: str | None = None) -> tuple[Target, dict[str, np.ndarray]]:
+                            routing_key: str | None = None, client: str | None = None
+                            ) -> tuple[Target, dict[str, np.ndarray]]:
         """Named tensors in, model outputs out, no preprocessing (the v2 protocol)."""
         ep = self.endpoint(name)
         target = self.route(ep, version, routing_key)
         if self.engines[ep.engine].kind != "tensors":
             raise BadRequest(f"endpoint {name!r} runs the {ep.engine} engine on its preprocess output, not on "
                              f"tensors; send it JSON on /serve/{name}")
-        stats = _Stats(ep.name, version=target.version)
+        stats = _Stats(ep.name, version=target.version, client=client)
         status = 500
         try:
             try:
@@ -185,15 +194,31 @@ class DataPlane:
             inputs = to_model_inputs(data, fallback.inputs, ep.declared_inputs)
             return fallback, await engine.infer(fallback, inputs, pad)
 
-    def reject(self, name: str, status: int) -> None:
+    def reject(self, name: str, status: int, client: str | None = None) -> None:
         """Count a request a front end refused before inference (bad JSON, body too large), so error
         rates include it; requests for unknown endpoints are not counted (no label to give them)."""
         if name in self.config.current.endpoints:
-            self._record(_Stats(name), status)
+            self._record(_Stats(name, client=client), status)
+
+    def refuse(self, name: str, reason: str, client: str | None, status: int) -> None:
+        """Count a request the client-key check refused (client_keys.py): its own series by reason,
+        outside the endpoint's request counts and error rate (the model did not fail). An endpoint
+        this worker does not serve is counted as ``(unknown)``: callers cannot mint label values."""
+        if self.recorder is None:
+            return
+        endpoint = name if name in self.config.current.endpoints else UNKNOWN_ENDPOINT
+        event = {"ts": time.time(), "endpoint": endpoint, "version": None, "status": status, "latency_s": 0.0,
+                 "refused": reason}
+        if client is not None:
+            event["key"] = client
+        self.recorder.record(event)
 
     def _record(self, stats: _Stats, status: int) -> None:
         if self.recorder is None:
             return
-        self.recorder.record({"ts": time.time(), "endpoint": stats.endpoint, "version": stats.version,
-                              "status": status, "latency_s": time.perf_counter() - stats.t0,
-                              "stages": stats.stages, "custom": stats.custom})
+        event = {"ts": time.time(), "endpoint": stats.endpoint, "version": stats.version,
+                 "status": status, "latency_s": time.perf_counter() - stats.t0,
+                 "stages": stats.stages, "custom": stats.custom}
+        if stats.client is not None:
+            event["key"] = stats.client
+        self.recorder.record(event)

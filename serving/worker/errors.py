@@ -28,6 +28,30 @@ class NotFound(ServingError):
     status = 404
 
 
+class Unauthorized(ServingError):
+    """No client key, or one the worker does not know (revoked, mistyped)."""
+
+    status = 401
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, {"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ServingError):
+    """A valid client key asking for an endpoint outside its scope."""
+
+    status = 403
+
+
+class TooManyRequests(ServingError):
+    """A client key over its rate."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message, {"Retry-After": str(retry_after_s)})
+
+
 class PayloadTooLarge(ServingError):
     status = 413
 

@@ -36,13 +36,15 @@ def parse_version(text: str) -> int:
 
 async def serve(dataplane: DataPlane, max_body_bytes: int, request: Request, endpoint: str,
                 version: str | None) -> Response:
+    headers = request.headers
+    client = dataplane.keys.check_authorization(headers.get("authorization"), endpoint)  # first: 401 before 404
     pinned = parse_version(version) if version is not None else None
     try:
         body = await read_serve_body(request, max_body_bytes)
     except ServingError as exc:
-        dataplane.reject(endpoint, exc.status)
+        dataplane.reject(endpoint, exc.status, client)
         raise
-    answer = await dataplane.infer(endpoint, body, pinned, request.headers.get(ROUTING_HEADER))
+    answer = await dataplane.infer(endpoint, body, pinned, headers.get(ROUTING_HEADER), client=client)
     return answer_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
 
 

@@ -2,7 +2,8 @@
 
 A v2 "model" is an endpoint: ``infer`` routes by canary weight like ``/serve``
 and takes the model's tensors directly (no preprocessing); ``versions/{v}``
-pins a model version.
+pins a model version. With client keys required, everything under ``/v2/models/{name}`` needs a
+key that may call that endpoint; the server's metadata and health routes stay open (probes).
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
             raise Unavailable("no configuration yet: the control plane is unreachable and there is no cache")
         return {"ready": True}
 
+    def client(request: Request, name: str) -> str | None:
+        return dataplane.keys.check_authorization(request.headers.get("authorization"), name)
+
     def metadata(name: str, version: str | None) -> dict:
         ep = dataplane.endpoint(name)
         if not ep.targets:
@@ -53,30 +57,36 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
         return {"name": name, "ready": True}
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
+        key = client(request, name)
         try:
             req = decode_request(await read_body(request, max_body_bytes), request.headers.get(HEADER_LENGTH))
         except ServingError as exc:
-            dataplane.reject(name, exc.status)
+            dataplane.reject(name, exc.status, key)
             raise
         target, outputs = await dataplane.infer_tensors(
-            name, req.inputs, parse_version(version) if version else None, request.headers.get(ROUTING_HEADER))
+            name, req.inputs, parse_version(version) if version else None, request.headers.get(ROUTING_HEADER),
+            client=key)
         body, headers = encode_response(name, target.version, req, outputs)
         return Response(body, headers={**headers, VERSION_HEADER: str(target.version)})
 
     @router.get("/models/{name}")
-    def model_metadata(name: str) -> Response:
+    def model_metadata(name: str, request: Request) -> Response:
+        client(request, name)
         return json_response(metadata(name, None))
 
     @router.get("/models/{name}/versions/{version}")
-    def version_metadata(name: str, version: str) -> Response:
+    def version_metadata(name: str, version: str, request: Request) -> Response:
+        client(request, name)
         return json_response(metadata(name, version))
 
     @router.get("/models/{name}/ready")
-    async def ready_latest(name: str) -> dict:
+    async def ready_latest(name: str, request: Request) -> dict:
+        client(request, name)
         return await model_ready(name)
 
     @router.get("/models/{name}/versions/{version}/ready")
-    async def ready_version(name: str, version: str) -> dict:
+    async def ready_version(name: str, version: str, request: Request) -> dict:
+        client(request, name)
         dataplane.route(dataplane.endpoint(name), parse_version(version), None)
         return await model_ready(name)
 
