@@ -27,7 +27,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import numpy as np
 import orjson
@@ -36,8 +36,11 @@ from preprocess.base import PreprocessError, UserCodeTimeout
 from serving.worker.errors import ServingError
 from serving.worker.runtime import EndpointRuntime, Target
 
-if TYPE_CHECKING:
-    from serving.worker.dataplane import DataPlane
+# The data plane hands the mirror what it needs (so this module does not import the data plane):
+# its pinned run of one target (preprocessed data in, (target, outputs) out), its engines by name,
+# and where statistics events go (read at each copy: the recorder may be set after start).
+RunTarget = Callable[..., Awaitable[tuple[Target, Any]]]
+
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +58,9 @@ class Copies:
 
 
 class ShadowMirror:
-    def __init__(self, dataplane: "DataPlane", max_in_flight: int = MAX_IN_FLIGHT,
-                 rand: Callable[[], float] = random.random) -> None:
-        self.dataplane = dataplane
+    def __init__(self, run: RunTarget, engines: Mapping[str, Any], recorder: Callable[[], Any],
+                 max_in_flight: int = MAX_IN_FLIGHT, rand: Callable[[], float] = random.random) -> None:
+        self.run_target, self.engines, self.recorder = run, engines, recorder
         self.max_in_flight = max_in_flight
         self.rand = rand
         self.in_flight = 0
@@ -70,7 +73,7 @@ class ShadowMirror:
         A user's preprocess may change the body it gets, so the copy gets its own body."""
         try:
             shadows = ep.shadows
-            if not shadows or self.dataplane.recorder is None:  # nothing would see the comparison
+            if not shadows or self.recorder() is None:  # nothing would see the comparison
                 return None
             chosen = [t for t in shadows if self.rand() * 100.0 < t.weight]
             if not chosen:
@@ -123,7 +126,7 @@ class ShadowMirror:
         status, answer = 500, None
         try:
             if copies.tensors:
-                _, answer = await self.dataplane._run(copies.ep, target, copies.request, pinned=True)
+                _, answer = await self.run_target(copies.ep, target, copies.request, pinned=True)
                 stage("inference")
             else:
                 answer = await self._serve(copies.ep, target, copies.request, stage)
@@ -152,14 +155,14 @@ class ShadowMirror:
         state: dict[str, Any] = {}
         ignore = _ignore
         processor = ep.processor_for(target)
-        engine = self.dataplane.engines[ep.engine]
+        engine = self.engines[ep.engine]
         data = await processor.preprocess(body, state, ignore)
         stage("preprocess")
         if engine.kind == "python":
             data = await engine.run(target, processor, data, state, ignore)
         else:
-            _, outputs = await self.dataplane._run(ep, target, data, pinned=True,
-                                                   pad=getattr(processor, "pad_values", None))
+            _, outputs = await self.run_target(ep, target, data, pinned=True,
+                                               pad=getattr(processor, "pad_values", None))
             data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs, ep.declared_outputs)
         stage("inference")
         answer = await processor.postprocess(data, state, ignore)
@@ -168,7 +171,7 @@ class ShadowMirror:
 
     def _record(self, ep: EndpointRuntime, target: Target, live: Target, status: int, latency: float,
                 stages: dict[str, float], result: dict[str, Any]) -> None:
-        recorder = self.dataplane.recorder
+        recorder = self.recorder()
         if recorder is None:
             return
         recorder.record({"ts": time.time(), "endpoint": ep.name, "version": target.version, "status": status,
