@@ -17,12 +17,18 @@ from preprocess.requirements import ensure_installed
 from preprocess.user_code import UserCodeError, UserContext, UserProcessor
 
 
+# A tokenizer never reads model weights: an exporter's output folder (model.onnx beside the
+# tokenizer files, as optimum-cli writes it) or a Hugging Face model folder packs without them.
+_WEIGHT_SUFFIXES = frozenset({".onnx", ".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ot", ".gguf"})
+
+
 def pack_directory(path: Path) -> bytes:
-    """A tar.gz of the directory's files with times and owners zeroed: same files, same hash."""
+    """A tar.gz of the directory's files (model weights left out) with times and owners zeroed:
+    same files, same hash."""
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w") as tar:
-            for file in sorted(p for p in path.iterdir() if p.is_file()):
+            for file in sorted(p for p in path.iterdir() if p.is_file() and p.suffix not in _WEIGHT_SUFFIXES):
                 info = tar.gettarinfo(str(file), arcname=file.name)
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 with open(file, "rb") as f:

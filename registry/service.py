@@ -18,7 +18,7 @@ from registry.artifacts import ArtifactStore
 from registry.errors import Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
 from registry.routes import declared_io, route, route_newest
-from registry.signature import onnx_signature
+from registry.signature import onnx_signature, refuse_pytorch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,6 +96,7 @@ class Registry:
         if not self.store.exists(req.artifact):
             raise NotFound(f"artifact {req.artifact} was not uploaded")
         path = self.store.path(req.artifact)
+        refuse_pytorch(path, req.framework, f"model {req.name}'s file")
         if req.signature is not None:
             signature = req.signature.model_dump()
         elif req.framework == "onnx":

@@ -5,9 +5,15 @@ puts on its inputs: the largest token id (``max_value``: the table's rows - 1) a
 longest sequence (``max_length``: rows of the position table). A request past them is
 the client's mistake; knowing them here lets the worker answer 422 naming the input
 and its limit, instead of a backend's out-of-range traceback.
+
+A PyTorch checkpoint, TorchScript archive or safetensors file is recognised by its content and
+refused with how to export it to ONNX: that is the file a new user has, and otherwise the
+answer would be a parse error (or, uploaded as ``custom``, a model no engine but user code loads).
 """
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 
 import onnx
@@ -21,6 +27,76 @@ ONNX_TO_TRITON = {
 
 class SignatureError(ValueError):
     pass
+
+
+EXPORT_TO_ONNX = (
+    "the platform serves ONNX: export the model to ONNX first, then upload the .onnx file. A Hugging Face "
+    "model: `pip install optimum-onnx`, `optimum-cli export onnx --model MODEL_DIR --task text-classification "
+    "OUT_DIR/`, then `serving model upload --path OUT_DIR/model.onnx` and `serving model add ... --tokenizer "
+    "OUT_DIR`; any PyTorch module: `torch.onnx.export` (README, \"Your own model\"). To load this file yourself "
+    "in a custom engine's preprocess.py, upload it with --framework custom")
+# torch.save's legacy (non-zip) format: a protocol-2 pickle of this magic number comes first
+_TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                 "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+
+
+def pytorch_kind(path: Path) -> str | None:
+    """What kind of PyTorch/safetensors file ``path`` is (in words), or None when it is none of them."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "config.json").exists() and any((path / name).exists() for name in _WEIGHT_FILES):
+            return "a Hugging Face model folder"
+        if any(p.suffix in (".safetensors", ".bin", ".pt", ".pth") for p in path.iterdir()):
+            return "a folder of PyTorch weights"
+        return None
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    if head.startswith(_TORCH_LEGACY_MAGIC):
+        return "a PyTorch checkpoint (torch.save)"
+    if head.startswith(b"PK\x03\x04"):
+        return _torch_zip_kind(path)
+    if _is_safetensors(head, path.stat().st_size):
+        return "a safetensors file"
+    return None
+
+
+def _torch_zip_kind(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return None
+    if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return None
+    if any(n.endswith("/constants.pkl") for n in names):
+        return "a TorchScript archive (torch.jit.save)"
+    return "a PyTorch checkpoint (torch.save)"
+
+
+def _is_safetensors(head: bytes, size: int) -> bool:
+    """safetensors: an 8-byte little-endian header length, then that many bytes of JSON."""
+    if len(head) < 10:
+        return False
+    length = int.from_bytes(head[:8], "little")
+    if not 2 <= length <= size - 8 or head[8:9] != b"{":
+        return False
+    if length > len(head) - 8:
+        return True  # a header longer than what was read: its start is enough
+    try:
+        return isinstance(json.loads(head[8:8 + length]), dict)
+    except ValueError:
+        return False
+
+
+def refuse_pytorch(path: Path, framework: str, label: str = "the upload") -> None:
+    """SignatureError (a 422) with the export instructions, unless ``framework`` is ``custom``
+    (user code may load any file it likes)."""
+    if framework == "custom":
+        return
+    kind = pytorch_kind(path)
+    if kind is not None:
+        raise SignatureError(f"{label} is {kind}; {EXPORT_TO_ONNX}")
 
 
 def _tensor(value_info) -> dict:

@@ -7,6 +7,9 @@ report their accuracy on the held-out sentences. Starts the embedded stack, regi
 and deploys version 1, sends requests, checks the answers against the expected labels
 and against onnxruntime run directly, rolls version 2 out as a 10% canary, shows its
 answers next to version 1's, and stops everything.
+
+``serving demo --export DIR`` only builds them and writes the files the README's Quick start
+names: DIR/model.onnx (version 1), DIR/model-v2.onnx (version 2) and DIR/tokenizer/.
 """
 from __future__ import annotations
 
@@ -127,8 +130,30 @@ def reference_logits(bundle, text: str) -> np.ndarray:
     return sess.run(None, {n: enc[n].astype(np.int64) for n in names})[0][0]
 
 
-def run(workers: int = 2) -> None:
-    root = Path(os.environ.get("SERVING_DEMO_DIR", ".serving"))
+def demo_root() -> Path:
+    return Path(os.environ.get("SERVING_DEMO_DIR", ".serving"))
+
+
+def export(dest: Path) -> dict[str, Path]:
+    """The demo's two versions and their tokenizer as a user's own model files would be: plain
+    copies (the build cache stays where it is), so the Quick start can upload and deploy them."""
+    v1, v2 = build_models(demo_root() / "models")
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {"model.onnx": dest / "model.onnx", "model-v2.onnx": dest / "model-v2.onnx", "tokenizer": dest / "tokenizer"}
+    shutil.copyfile(v1.onnx_path, files["model.onnx"])
+    shutil.copyfile(v2.onnx_path, files["model-v2.onnx"])
+    shutil.rmtree(files["tokenizer"], ignore_errors=True)
+    shutil.copytree(v1.tokenizer_dir, files["tokenizer"])
+    console.print(f"wrote {files['model.onnx']} (version 1), {files['model-v2.onnx']} (version 2) and "
+                  f"{files['tokenizer']}/ (labels {','.join(v1.labels)})")
+    return files
+
+
+def run(workers: int = 2, export_dir: Path | None = None) -> None:
+    if export_dir is not None:
+        export(export_dir)
+        return
+    root = demo_root()
     v1, v2 = build_models(root / "models")
     home = root / "demo"
     shutil.rmtree(home, ignore_errors=True)

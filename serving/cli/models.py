@@ -25,7 +25,7 @@ def plane(ctx: typer.Context) -> ControlPlane:
 def upload(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="model name; each upload adds the next version"),
-    path: Path = typer.Option(..., "--path", exists=True, dir_okay=False, help="model file (ONNX, joblib, xgboost, ...)"),
+    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...)"),
     framework: Optional[str] = typer.Option(None, help="onnx | sklearn (scikit-learn) | xgboost | lightgbm | pytorch | "
                                                       "tensorflow | custom (default: from the file name, else custom)"),
     project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
@@ -37,6 +37,7 @@ def upload(
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
     """Upload a model file (with a progress bar) and register it as a new version."""
+    _refuse_unservable(path, framework)
     cp = plane(ctx)
     try:
         meta = json.loads(metadata) if metadata else {}
@@ -49,6 +50,20 @@ def upload(
     m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework_for(path, framework),
                                  "tags": tag, "metadata": meta})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] ({m['size']} bytes, sha256 {m['sha256'][:12]})")
+
+
+def _refuse_unservable(path: Path, framework: Optional[str]) -> None:
+    """Before uploading: PyTorch/safetensors files and model folders get the ONNX export instructions
+    (the control plane refuses them too), unless --framework custom says user code loads the file."""
+    from registry.signature import SignatureError, refuse_pytorch
+
+    custom = framework is not None and framework_for(path, framework) == "custom"
+    try:
+        refuse_pytorch(path, "custom" if custom else "onnx", str(path))
+    except SignatureError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--path")
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a folder; give the model file", param_hint="--path")
 
 
 def _optimized(path: Path, mode: str, num_heads: int, hidden_size: int) -> tuple[Path, dict]:

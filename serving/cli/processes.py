@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional
 
 import httpx
@@ -145,8 +146,11 @@ def status(ctx: typer.Context,
         console.print(f"  /serve/{ep['name']} ({ep['engine']}): {routes}")
 
 
-def demo(workers: int = typer.Option(2, help="worker processes")) -> None:
+def demo(workers: int = typer.Option(2, help="worker processes"),
+         export: Optional[Path] = typer.Option(None, "--export", file_okay=False, metavar="DIR",
+                                               help="only write the demo's model files into DIR (model.onnx, "
+                                                    "model-v2.onnx, tokenizer/), as the README's Quick start uses them")) -> None:
     """The main job: build a real model, start the stack, deploy, query, canary, stop."""
     from serving.demo import run
 
-    run(workers)
+    run(workers, export)
