@@ -53,6 +53,7 @@ class ControlPlaneSettings(CommonSettings):
 class WorkerSettings(CommonSettings):
     worker_host: str = "127.0.0.1"
     worker_port: int = 9090
+    worker_grpc_port: int = 9091  # v2 protocol over gRPC in every worker process; 0: off
     worker_cache: Path | None = None
     max_body_bytes: int = 1_048_576
     triton_grpc_url: str = "127.0.0.1:8001"

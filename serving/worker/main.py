@@ -1,14 +1,17 @@
-"""``serving worker``: N uvicorn processes sharing one port, each a full worker.
+"""``serving worker``: N processes on one HTTP port and one gRPC port, each a full worker.
 
-Each process builds its own app (``factory=True``) so it has its own gRPC channel,
-config subscriber and statistics recorder: nothing is shared across processes but
-the listening socket. uvloop and httptools are the fast loop and HTTP parser.
+Each process builds its own app (``factory=True``) so it has its own Triton channel,
+config subscriber and statistics recorder, and serves HTTP (uvicorn; uvloop and httptools are
+the fast loop and parser) and the v2 gRPC service on one event loop. Each process listens on its
+own ``SO_REUSEPORT`` sockets, so the kernel shares connections out evenly (listeners.py).
 """
 from __future__ import annotations
 
 import gc
 import logging
 import sys
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 
@@ -26,10 +29,33 @@ def create_from_env() -> FastAPI:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    app = create_app(WorkerSettings())
+    settings = WorkerSettings()
+    app = create_app(settings)
+    if settings.worker_grpc_port:
+        serve_grpc_too(app, settings)
     freeze_heap()
     app.state.dataplane.config.listeners.append(lambda _snapshot: freeze_heap())  # models, user code
     return app
+
+
+def serve_grpc_too(app: FastAPI, settings: WorkerSettings) -> None:
+    """The gRPC server lives as long as the app, after its config and engines are up; a port it
+    cannot bind fails the process's start-up, which stops ``serving worker`` with the reason."""
+    from serving.worker.frontends.grpc_service import start_grpc_server
+
+    app_lifespan = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[None]:
+        async with app_lifespan(app_):
+            server = await start_grpc_server(app.state.dataplane, settings.worker_host, settings.worker_grpc_port,
+                                             settings.max_body_bytes)
+            try:
+                yield
+            finally:
+                await server.stop(grace=2)
+
+    app.router.lifespan_context = lifespan
 
 
 def freeze_heap() -> None:
@@ -60,14 +86,20 @@ def install_extra_packages(settings: WorkerSettings) -> None:
 
 
 def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
-    """uvicorn's process manager even for one process: it holds the listening socket and starts a
-    new worker process when one dies, so a killed worker costs only its requests in flight (new
-    connections wait in the socket's backlog meanwhile instead of being refused)."""
+    """uvicorn's process manager even for one process: it holds each process's listening socket and
+    starts a new worker process on it when one dies, so a killed worker costs only its requests in
+    flight (new connections for it wait in its socket's backlog meanwhile instead of being refused)."""
     import uvicorn
-    from uvicorn.supervisors import Multiprocess
+
+    from serving.worker.listeners import ReusePortProcesses, ensure_free, reuseport_socket
 
     install_extra_packages(settings)
-    config = uvicorn.Config("serving.worker.main:create_from_env", factory=True, host=settings.worker_host,
-                            port=settings.worker_port, workers=max(1, workers), loop="uvloop", http="httptools",
+    host, port = settings.worker_host, settings.worker_port
+    ensure_free(host, port, "SERVING_WORKER_PORT or --port")
+    if settings.worker_grpc_port:
+        ensure_free(host, settings.worker_grpc_port, "SERVING_WORKER_GRPC_PORT (0 turns gRPC off)")
+    config = uvicorn.Config("serving.worker.main:create_from_env", factory=True, host=host, port=port,
+                            workers=max(1, workers), loop="uvloop", http="httptools",
                             log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    sockets = [reuseport_socket(host, port, config.backlog) for _ in range(max(1, workers))]
+    ReusePortProcesses(config, sockets).run()

@@ -125,6 +125,34 @@ def _from_binary(chunk: bytes, name: str, dtype: Any, shape: list[int]) -> np.nd
         raise BadRequest(f"input {name!r}: binary data does not fit shape {shape} ({exc})") from None
 
 
+def binary_tensor(name: str, datatype: Any, shape: Any, chunk: bytes) -> np.ndarray:
+    """One tensor in Triton's binary layout (the HTTP binary extension, gRPC's ``raw_input_contents``)."""
+    dtype, dims = _dtype(datatype, name), _shape({"shape": shape}, name)
+    return _from_binary(chunk, name, dtype, dims)
+
+
+def data_tensor(name: str, datatype: Any, shape: Any, data: Any) -> np.ndarray:
+    """One tensor from a list of values (JSON ``data``, gRPC's typed ``contents``), checked as JSON's."""
+    dtype, dims = _dtype(datatype, name), _shape({"shape": shape}, name)
+    return _from_json({"data": data, "datatype": datatype}, name, dtype, dims)
+
+
+def wanted_outputs(requested: dict[str, bool] | None, binary_default: bool,
+                   outputs: dict[str, np.ndarray]) -> dict[str, bool]:
+    """Requested output -> binary, all outputs when none were named; an unknown name is the client's error."""
+    wanted = requested if requested is not None else {n: binary_default for n in outputs}
+    missing = [n for n in wanted if n not in outputs]
+    if missing:
+        raise BadRequest(f"unknown output(s) {missing}; the model returns {list(outputs)}")
+    return wanted
+
+
+def output_bytes(array: np.ndarray) -> tuple[str, bytes]:
+    """An output's v2 datatype and its bytes in Triton's binary layout."""
+    datatype = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
+    return datatype, serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+
+
 def _header_length(header_length: str | None, total: int) -> int:
     if not header_length:
         return total
@@ -178,17 +206,13 @@ def decode_request(raw: bytes, header_length: str | None) -> V2Request:
 def encode_response(model: str, version: int, request: V2Request,
                     outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The body and headers; binary when any requested output asked for it."""
-    wanted = request.outputs if request.outputs is not None else {n: request.binary_default for n in outputs}
-    missing = [n for n in wanted if n not in outputs]
-    if missing:
-        raise BadRequest(f"unknown output(s) {missing}; the model returns {list(outputs)}")
     entries, blobs = [], []
-    for name, binary in wanted.items():
+    for name, binary in wanted_outputs(request.outputs, request.binary_default, outputs).items():
         array = np.asarray(outputs[name])
         datatype = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary:
-            blob = serialize_byte_tensor(array).item() if datatype == "BYTES" else array.tobytes()
+            blob = output_bytes(array)[1]
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

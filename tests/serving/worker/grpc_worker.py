@@ -1,0 +1,130 @@
+"""A real `serving worker` (N processes, HTTP and gRPC ports) serving a snapshot from its cache file.
+
+No control plane: the worker applies its cached snapshot at start and keeps retrying a control
+plane that is not there (``127.0.0.1:9``), which changes nothing for these tests.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+import psutil
+from onnx import TensorProto, helper
+
+from registry.signature import onnx_signature
+from serving.config_client import write_cache
+from tests.support.procs import REPO, free_port, stop, wait_http
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def children(self) -> list[psutil.Process]:
+        """The worker processes (multiprocessing's resource tracker aside)."""
+        return [c for c in psutil.Process(self.proc.pid).children()
+                if "resource_tracker" not in " ".join(c.cmdline())]
+
+    def connections_per_process(self, port: int) -> dict[int, int]:
+        """Established connections each worker process holds on ``port`` (what the kernel handed it)."""
+        return {c.pid: sum(1 for k in c.net_connections("tcp") if k.laddr and k.laddr.port == port
+                           and k.status == psutil.CONN_ESTABLISHED) for c in self.children()}
+
+
+@contextmanager
+def run_worker(home: Path, snapshot: dict, processes: int = 1, **env: str) -> Iterator[Worker]:
+    home.mkdir(parents=True, exist_ok=True)
+    cache = home / "worker-config.json"
+    write_cache(cache, snapshot)
+    http_port, grpc_port = free_port(), free_port()
+    full_env = {**os.environ, "SERVING_HOME": str(home), "SERVING_ARTIFACT_DIR": str(home / "artifacts"),
+                "SERVING_CONTROL_PLANE_URL": "http://127.0.0.1:9", "SERVING_WORKER_CACHE": str(cache),
+                "SERVING_WORKER_PORT": str(http_port), "SERVING_WORKER_GRPC_PORT": str(grpc_port),
+                "SERVING_STATISTICS_ENABLED": "false", "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{free_port()}",
+                "SERVING_INFER_TIMEOUT_S": "2", "PYTHONUNBUFFERED": "1", **env}
+    log = home / "worker.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", "worker", "--workers", str(processes)],
+                                env=full_env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    worker = Worker(proc, http_port, grpc_port, log)
+    try:
+        wait_http(f"{worker.url}/v2/health/ready", timeout=90, proc=proc)
+        wait_processes(worker, processes)
+        yield worker
+    except Exception:
+        print(log.read_text()[-4000:])
+        raise
+    finally:
+        stop(proc)
+
+
+def wait_processes(worker: Worker, processes: int, timeout: float = 90) -> None:
+    """Every process started and listening on the gRPC port (each binds its own socket)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        children = worker.children()
+        listening = sum(1 for c in children for k in c.net_connections("tcp")
+                        if k.laddr and k.laddr.port == worker.grpc_port and k.status == psutil.CONN_LISTEN)
+        if len(children) == processes and listening == processes:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{processes} worker processes did not all listen on gRPC in {timeout} s")
+
+
+def tensor_model(path: Path) -> Path:
+    """Several inputs and outputs, one of them BYTES: ``y = x + x`` (FP32), ``n = Size(x)`` (INT64),
+    ``t = s`` (STRING) -- what onnxruntime computes is easy to state, and a string tensor travels both ways."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"]), helper.make_node("Size", ["x"], ["n"]),
+         helper.make_node("Identity", ["s"], ["t"])], "tensors",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("s", TensorProto.STRING, ["batch"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, []),
+         helper.make_tensor_value_info("t", TensorProto.STRING, ["batch"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(model, path)
+    return path
+
+
+def tensor_spec(name: str, model_path: Path, store, versions=((1, 100.0),)) -> dict:
+    sha = store.put_file(model_path)[0]
+    signature = onnx_signature(model_path)
+    return {"name": name, "engine": "onnxruntime", "preprocess": {"kind": "none"}, "metrics": [], "log_freq": 1.0,
+            "batching": {"max_batch_size": 8, "max_queue_delay_us": 0, "preferred_batch_sizes": [], "instances": 1},
+            "targets": [{"model": name, "version": v, "weight": w, "role": "stable" if i == 0 else "canary",
+                         "triton_name": f"{name}_v{v}", "artifact": sha, "framework": "onnx",
+                         "signature": signature} for i, (v, w) in enumerate(versions)]}
+
+
+def tensor_feeds() -> dict[str, np.ndarray]:
+    return {"x": np.arange(6, dtype=np.float32).reshape(2, 3) / 7,
+            "s": np.array(["café".encode(), "naïve 東京".encode()], dtype=np.object_)}
+
+
+def ort_direct(path: Path, feeds: dict[str, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+    """The model run by onnxruntime itself, string tensors given as str (what onnxruntime takes)."""
+    import onnxruntime as ort
+
+    plain = {k: np.array([b.decode() for b in v.ravel()], dtype=object).reshape(v.shape) if v.dtype == np.object_
+             else v for k, v in feeds.items()}
+    return ort.InferenceSession(str(path)).run(outputs, plain)
