@@ -1,0 +1,91 @@
+"""Several worker processes on one HTTP and one gRPC port: connections shared out by the kernel
+(a SO_REUSEPORT socket per process), and a process killed with SIGKILL costs no refused connection."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from registry.artifacts import ArtifactStore
+from tests.serving.worker.grpc_worker import run_worker, tensor_feeds, tensor_model, tensor_spec, wait_processes
+from tests.serving.worker.support import snapshot
+
+CONNECTIONS = 16
+LOCAL_POOL = [("grpc.use_local_subchannel_pool", 1)]  # a connection per client, as separate client processes have
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    paths = tmp_path_factory.mktemp("grpc-procs")
+    store = ArtifactStore(paths / "home" / "artifacts")
+    spec = tensor_spec("tensors", tensor_model(paths / "tensors.onnx"), store)
+    with run_worker(paths / "home", snapshot(spec), processes=2) as w:
+        yield w
+
+
+def grpc_inputs() -> list:
+    feeds = tensor_feeds()
+    inputs = [grpcclient.InferInput("x", [2, 3], "FP32"), grpcclient.InferInput("s", [2], "BYTES")]
+    inputs[0].set_data_from_numpy(feeds["x"])
+    inputs[1].set_data_from_numpy(feeds["s"])
+    return inputs
+
+
+def assert_shared(per_process: dict[int, int]) -> None:
+    """16 connections hashed over 2 sockets: each process gets Binomial(16, 1/2); at least 2 each
+    fails a fair kernel about once in 1,800 runs (a shared socket often gave one process all 16)."""
+    assert len(per_process) == 2 and sum(per_process.values()) == CONNECTIONS, per_process
+    assert min(per_process.values()) >= 2, per_process
+
+
+def test_http_connections_are_shared_between_processes(worker):
+    clients = [httpx.Client(base_url=worker.url, timeout=30) for _ in range(CONNECTIONS)]
+    try:
+        with ThreadPoolExecutor(CONNECTIONS) as pool:  # all at once, as a load generator opens them
+            assert all(r.status_code == 200 for r in pool.map(lambda c: c.get("/v2/health/live"), clients))
+        assert_shared(worker.connections_per_process(worker.http_port))
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_grpc_connections_are_shared_between_processes(worker):
+    clients = [grpcclient.InferenceServerClient(worker.grpc, channel_args=LOCAL_POOL) for _ in range(CONNECTIONS)]
+    try:
+        with ThreadPoolExecutor(CONNECTIONS) as pool:
+            assert all(pool.map(lambda c: c.is_server_live(), clients))
+        assert_shared(worker.connections_per_process(worker.grpc_port))
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_killed_process_is_replaced_and_no_connection_is_refused(worker):
+    victim = worker.children()[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    # at once: new HTTP connections hashed to the dead process's socket wait in its backlog (the
+    # manager holds it) until the replacement accepts them; none is refused
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: httpx.get(f"{worker.url}/v2/health/live", timeout=60).status_code,
+                              range(24)))
+    assert codes == [200] * 24
+    # gRPC: the dead process's socket left the group, new connections go to the live one
+    for _ in range(8):
+        c = grpcclient.InferenceServerClient(worker.grpc, channel_args=LOCAL_POOL)
+        try:
+            result = c.infer("tensors", grpc_inputs())
+        finally:
+            c.close()
+        np.testing.assert_array_equal(result.as_numpy("y"), tensor_feeds()["x"] * 2)
+    wait_processes(worker, 2)
+    assert victim.pid not in {c.pid for c in worker.children()}
+    time.sleep(0.5)
+    with grpc.insecure_channel(worker.grpc, options=LOCAL_POOL) as channel:
+        grpc.channel_ready_future(channel).result(timeout=10)
