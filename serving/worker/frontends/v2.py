@@ -9,18 +9,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from serving import __version__
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import NotFound, ServingError, Unavailable
+from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response, read_body
 from serving.worker.frontends.openapi_bodies import V2_INFER_BODY
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
-from serving.worker.runtime import Target
-
-
-def _tensors(specs: tuple[dict, ...]) -> list[dict]:
-    return [{"name": s["name"], "datatype": s["dtype"], "shape": s.get("shape", [])} for s in specs]
+from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, check_server_ready, model_metadata
 
 
 def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
@@ -28,7 +23,7 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
 
     @router.get("")
     def server_metadata() -> dict:
-        return {"name": "serving", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return SERVER_METADATA
 
     @router.get("/health/live")
     def live() -> dict:
@@ -36,24 +31,17 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
 
     @router.get("/health/ready")
     def ready() -> dict:
-        if not dataplane.config.current.loaded:
-            raise Unavailable("no configuration yet: the control plane is unreachable and there is no cache")
+        check_server_ready(dataplane)
         return {"ready": True}
 
     def client(request: Request, name: str) -> str | None:
         return dataplane.keys.check_authorization(request.headers.get("authorization"), name)
 
     def metadata(name: str, version: str | None) -> dict:
-        ep = dataplane.endpoint(name)
-        if not ep.targets:
-            raise NotFound(f"endpoint {name!r} serves no model version; it has no tensor metadata")
-        target: Target = dataplane.route(ep, parse_version(version), None) if version else ep.targets[0]
-        return {"name": name, "versions": [str(t.version) for t in ep.targets], "platform": ep.engine,
-                "inputs": _tensors(target.inputs), "outputs": _tensors(target.outputs)}
+        return model_metadata(dataplane, name, version)
 
-    async def model_ready(name: str) -> dict:
-        if not await dataplane.ready(name):
-            raise Unavailable(f"model {name!r} is not ready: its engine has not loaded every version yet")
+    async def model_ready(name: str, version: str | None = None) -> dict:
+        await check_model_ready(dataplane, name, version)
         return {"name": name, "ready": True}
 
     async def infer(request: Request, name: str, version: str | None) -> Response:
@@ -70,7 +58,7 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
         return Response(body, headers={**headers, VERSION_HEADER: str(target.version)})
 
     @router.get("/models/{name}")
-    def model_metadata(name: str, request: Request) -> Response:
+    def latest_metadata(name: str, request: Request) -> Response:
         client(request, name)
         return json_response(metadata(name, None))
 
@@ -87,8 +75,7 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
     @router.get("/models/{name}/versions/{version}/ready")
     async def ready_version(name: str, version: str, request: Request) -> dict:
         client(request, name)
-        dataplane.route(dataplane.endpoint(name), parse_version(version), None)
-        return await model_ready(name)
+        return await model_ready(name, version)
 
     @router.post("/models/{name}/infer", openapi_extra=V2_INFER_BODY)
     async def infer_latest(name: str, request: Request) -> Response:
