@@ -17,6 +17,7 @@ from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.db import make_engine, session_factory, upgrade
 from registry.orm import Endpoint, ModelVersion
+from registry.readiness import ReadinessBook, readiness_router
 from registry.rollout_api import rollout_router
 from registry.rollout_metrics import MetricsSource, PrometheusSource, StatisticsServiceSource
 from registry.rollouts import RolloutController, Rollouts
@@ -80,6 +81,8 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     auth.install(app, sessions, settings)  # before any route: each one added after checks a token
     audit.install(app, sessions)
     app.state.max_artifact_bytes = settings.max_artifact_bytes
+    app.state.readiness = ReadinessBook()
+    app.include_router(readiness_router(app.state.readiness, lambda: broadcaster.snapshot))  # before /endpoints/{name}
     _routes(app, registry, broadcaster, store)
     client_keys.install(app, registry)
     app.include_router(rollout_router(rollouts))
@@ -187,7 +190,8 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
 
     @app.get("/endpoints")
     def list_endpoints():
-        return [endpoint_out(e) for e in registry.list_endpoints()]
+        ready = app.state.readiness.summary(broadcaster.snapshot)  # where each answers (registry/readiness.py)
+        return [{**endpoint_out(e), "readiness": ready.get(e.name)} for e in registry.list_endpoints()]
 
     @app.get("/endpoints/{name}")
     def get_endpoint(name: str):

@@ -30,6 +30,7 @@ BODY_KEEP = 4096      # bytes of a JSON request/answer body looked at
 FIELD_CHARS = 200     # longest scalar kept in detail
 ANSWER_KEYS = ("sha256", "size", "version", "name", "role", "removed", "revision")
 SECRET_KEYS = {"token", "password", "secret"}
+UNAUDITED = frozenset({"/readiness"})  # workers' heartbeats: state reports, not changes
 
 
 def _scalars(doc: Any) -> dict:
@@ -59,7 +60,7 @@ class AuditMiddleware:
         self.app, self.sessions = app, sessions
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] in READ_METHODS:
+        if scope["type"] != "http" or scope["method"] in READ_METHODS or scope.get("path") in UNAUDITED:
             return await self.app(scope, receive, send)
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         watch_body = "json" in headers.get("content-type", "")

@@ -53,6 +53,7 @@ RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/config/stream"): CONFIG_READERS,
     ("GET", "/artifacts/{sha256}"): CONFIG_READERS,
     ("GET", "/auth/whoami"): ANY,
+    ("POST", "/readiness"): frozenset({"worker", "admin"}),  # workers' readiness reports (registry/readiness.py)
     ("DELETE", "/models/{name}"): ADMINS,
     ("DELETE", "/endpoints/{name}"): ADMINS,
     ("GET", "/tokens"): ADMINS,

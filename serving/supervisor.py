@@ -103,6 +103,25 @@ class Child:
     restart_at: float | None = None
 
 
+def child_command(args: list[str]) -> list[str]:
+    """``python -m serving.cli.main ARGS`` that imports the installed package even when the current
+    directory holds a folder named ``serving`` (a common name in a user's project): ``-m`` puts the
+    current directory first on ``sys.path``; ``-P`` (Python 3.11+) leaves it out. On 3.10 a
+    ``-c`` bootstrap drops it before importing anything of ours."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "serving.cli.main", *args]
+    bootstrap = ("import sys, runpy; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+                 "runpy.run_module('serving.cli.main', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", bootstrap, *args]
+
+
+def safe_path_env(env: dict[str, str]) -> dict[str, str]:
+    """Grandchildren (uvicorn's worker processes, multiprocessing's spawn, Triton's Python-backend
+    stub) start interpreters of their own: PYTHONSAFEPATH keeps the current directory off their
+    ``sys.path`` too (Python 3.11+; multiprocessing children also inherit the parent's path)."""
+    return {**env, "PYTHONSAFEPATH": "1"}
+
+
 @dataclass
 class Supervisor:
     env: dict[str, str]
@@ -128,8 +147,8 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{child.name}.log", "ab") as log:
             child.proc = subprocess.Popen(
-                [sys.executable, "-m", "serving.cli.main", *child.args],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                child_command(child.args), env=safe_path_env(self.env), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
 

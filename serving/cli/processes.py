@@ -63,11 +63,12 @@ def stack_env(home: str, workers_port: int) -> dict[str, str]:
 def up(
     workers: int = typer.Option(1, help="worker processes"),
     port: int = typer.Option(None, help="worker port (default SERVING_WORKER_PORT or 9090)"),
+    grpc_port: int = typer.Option(None, help="workers' gRPC port (default SERVING_WORKER_GRPC_PORT or 9091; 0: off)"),
     home: Optional[str] = typer.Option(None, help="state directory (default SERVING_HOME or ~/.serving)"),
     with_triton: bool = typer.Option(True, "--triton/--no-triton", help="start the embedded Triton"),
     prometheus: bool = typer.Option(False, "--prometheus/--no-prometheus",
                                     help="also start Prometheus (if installed) scraping statistics and Triton"),
-    prometheus_port: int = typer.Option(9091, help="Prometheus web port (9090 is the workers' default)"),
+    prometheus_port: int = typer.Option(9092, help="Prometheus web port (9090 and 9091: the workers' HTTP and gRPC)"),
 ) -> None:
     """Start control plane, statistics, embedded Triton and N workers, restart any that crashes; Ctrl-C stops them all.
 
@@ -77,6 +78,8 @@ def up(
     home = home or os.environ.get("SERVING_HOME") or str(default_home())
     port = port or WorkerSettings().worker_port
     env = stack_env(home, port)
+    grpc_port = WorkerSettings().worker_grpc_port if grpc_port is None else grpc_port
+    env["SERVING_WORKER_GRPC_PORT"] = str(grpc_port)
     st, tr = StatisticsSettings(), TritonSettings()
     sup = Supervisor(env, log_dir=default_log_dir(home))
     try:
@@ -88,7 +91,8 @@ def up(
         if prometheus:
             _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port)
         console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
-                      f"workers http://127.0.0.1:{port}, logs in {sup.log_dir}")
+                      f"workers http://127.0.0.1:{port}"
+                      f"{f' and gRPC 127.0.0.1:{grpc_port}' if grpc_port else ''}, logs in {sup.log_dir}")
         if not os.environ.get("SERVING_ADMIN_TOKEN"):
             console.print(f"admin token: {home}/tokens/admin (mode 0600; the CLI finds it there for a local "
                           f"control plane with SERVING_HOME={home}), worker token: {home}/tokens/worker")
@@ -139,6 +143,7 @@ def status(ctx: typer.Context,
     try:
         ws = httpx.get(f"{worker_url}/status", timeout=3.0).json()
         console.print(f"worker {worker_url}: revision {ws.get('revision')}, endpoints {ws.get('endpoints')}")
+        _grpc_status(worker_url, ws.get("grpc_port"))
     except (httpx.HTTPError, ValueError) as exc:
         console.print(f"worker {worker_url}: [red]unreachable[/red] ({exc})")
     for ep in cp.get("/endpoints"):
@@ -154,3 +159,22 @@ def demo(workers: int = typer.Option(2, help="worker processes"),
     from serving.demo import run
 
     run(workers, export)
+
+
+def _grpc_status(worker_url: str, port: int | None) -> None:
+    """The worker's gRPC port (from its /status) and whether it answers ServerLive there."""
+    if not port:
+        console.print("worker gRPC: off (SERVING_WORKER_GRPC_PORT=0)")
+        return
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    target = f"{httpx.URL(worker_url).host}:{port}"
+    try:
+        client = grpcclient.InferenceServerClient(target)
+        live = client.is_server_live(client_timeout=3.0)
+        client.close()
+    except InferenceServerException as exc:
+        console.print(f"worker gRPC {target}: [red]unreachable[/red] ({exc.message()})")
+        return
+    console.print(f"worker gRPC {target}: {'live' if live else '[red]not live[/red]'}")

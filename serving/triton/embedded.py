@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
+from serving.readiness_report import ReadinessReporter, process_id
 from serving.ort import session as ort_session
 from serving.settings import TritonSettings
 from serving.triton.python_backend import (
@@ -41,6 +42,7 @@ from serving.triton.repository import TritonTarget, triton_targets
 log = logging.getLogger(__name__)
 
 RECONCILE_PERIOD_S = 2.0  # retry targets not bound yet, reload models Triton lost
+UNLOAD_GRACE_S = 5.0  # a replaced model stays loaded this long after its replacement: workers switch first
 PR_SET_CHILD_SUBREAPER = 36
 WORKSPACE_PREFIX = "serving-triton-"
 
@@ -149,27 +151,52 @@ class ModelBinder:
         self.signatures: dict[str, dict[str, Any]] = {}  # artifact -> signature read from the graph
         self.lock = threading.RLock()  # loads and liveness checks must not interleave
         self.closed = False
+        self.revision = -1
+        self.failures: dict[str, str] = {}  # triton name -> why its last load failed (readiness report)
+        self.unwanted_since: dict[str, float] = {}  # loaded, no longer deployed: unloaded after a grace
+        self.reporter: ReadinessReporter | None = None
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         """ConfigSubscriber callback: never raises, a bad target must not block the others."""
         with self.lock:
             self.wanted = triton_targets(snapshot)
+            self.revision = int(snapshot.get("revision", -1))
             self.reconcile()
 
+    def readiness(self) -> dict[str, Any]:
+        """The embedded Triton's readiness report: the models it failed to load, and why."""
+        with self.lock:
+            return {"revision": self.revision, "failures": dict(self.failures)}
+
     def reconcile(self) -> None:
-        """Make Triton hold exactly what the registry deploys: unload what is no longer wanted,
-        (re)write and load what is missing or changed, and load again what Triton lost (a model
-        unloaded through its control API, a failed load)."""
+        """Make Triton hold exactly what the registry deploys: (re)write and load what is missing
+        or changed, load again what Triton lost (a model unloaded through its control API, a failed
+        load), then unload what is no longer wanted (``_unload_unwanted``)."""
         with self.lock:
             if self.closed:
                 return
             for name in self._lost():
                 log.warning("Triton no longer has %s ready (unloaded behind our back?); loading it again", name)
                 self.bound.pop(name, None)
-            for name in [n for n in list(self.bound) if n not in self.wanted]:
-                self._guard(self._unload, name)
-            for name, target in self.wanted.items():
+            failures = dict(self.failures)
+            for name, target in self.wanted.items():  # load first: the models they replace still answer
                 self._guard(self._load, target)
+            self.failures = {n: why for n, why in self.failures.items() if n in self.wanted}
+            self._unload_unwanted()
+        if self.reporter is not None and failures != self.failures:
+            self.reporter.poke()
+
+    def _unload_unwanted(self) -> None:
+        """Unload what is no longer deployed once every deployed model is loaded, and UNLOAD_GRACE_S
+        after that: workers keep routing to a replaced version until they see its replacement ready
+        (serving/worker/gate.py), and a replacement that fails to load leaves the old one answering."""
+        now = time.monotonic()
+        self.unwanted_since = {n: t for n, t in self.unwanted_since.items() if n in self.bound and n not in self.wanted}
+        if any(name not in self.bound for name in self.wanted):
+            return
+        for name in [n for n in list(self.bound) if n not in self.wanted]:
+            if now - self.unwanted_since.setdefault(name, now) >= UNLOAD_GRACE_S:
+                self._guard(self._unload, name)
 
     def _client(self, timeout: float) -> Any:
         import tritonclient.http as httpclient
@@ -199,10 +226,14 @@ class ModelBinder:
             self.closed = True
 
     def _guard(self, action: Callable, arg: Any) -> None:
+        name = getattr(arg, "name", arg)
         try:
             action(arg)
-        except Exception:
-            log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), getattr(arg, "name", arg))
+            self.failures.pop(name, None)
+        except Exception as exc:
+            log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), name)
+            if action == self._load:
+                self.failures[name] = _brief(exc)
 
     def _signature(self, target: TritonTarget, onnx_path: Path) -> dict[str, Any]:
         if target.signature:
@@ -239,6 +270,11 @@ class ModelBinder:
         self.bound.pop(name, None)
         shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         log.info("unloaded %s", name)
+
+
+def _brief(exc: Exception, limit: int = 500) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _handle_signals(stop: threading.Event) -> Callable[[], None]:
@@ -356,6 +392,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache",
                                   shared_dir=settings.resolved_artifact_dir())
         binder = ModelBinder(server, repo_dir, fetcher.path, threads, http_url, command.token)
+        binder.reporter = ReadinessReporter(settings.control_plane_url, process_id("triton"), binder.readiness,
+                                            kind="triton").start()
         subscriber = ConfigSubscriber(settings.control_plane_url, binder.apply,
                                       cache_path=settings.home / "triton-config.json").start()
         log.info("embedded triton ready: grpc %s:%s http %s", host, settings.triton_grpc_port, http_url)
@@ -365,6 +403,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
             subscriber.stop()
         if binder is not None:
             binder.close()
+            if binder.reporter is not None:
+                binder.reporter.stop(say_gone=not died)
         _stop_server(server, 0.3 if died else 6.0)
         if own_process:  # after a crash nothing is worth waiting for: every second is downtime
             n = kill_descendants(grace_s=0.3 if died else 3.0)

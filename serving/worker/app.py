@@ -130,6 +130,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     def status() -> dict:
         config = sync.current
         return {"revision": config.revision, "pid": os.getpid(), "errors": dict(config.errors),
+                "grpc_port": settings.worker_grpc_port,
                 "internal_errors": counts["internal_errors"],
                 "endpoints": {n: {"engine": ep.engine, "preprocess": ep.preprocess_kind,
                                   "versions": [{"version": t.version, "weight": t.weight} for t in ep.targets]}

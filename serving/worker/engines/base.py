@@ -30,6 +30,10 @@ class Engine(Protocol):
 
     async def ready(self, target: Target) -> bool: ...
 
+    # optional; without it a target is ready once prepare() returned (serving/worker/gate.py)
+    def is_ready(self, target: Target) -> bool:
+        """Blocking readiness check from the config thread: may this target get traffic now?"""
+
     # "python" engines instead of infer():
     async def run(self, target: Target, processor: Any, data: Any, state: dict, collect: Any) -> Any:
         """Run the version's model (or the user's ``process``) on the preprocess output."""

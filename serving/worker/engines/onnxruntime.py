@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -21,6 +22,8 @@ from serving.ort import session as ort_session
 from serving.worker.errors import BadRequest, ModelNotReady, brief
 from serving.worker.runtime import Target
 
+RETIRE_AFTER_S = 10.0  # a replaced session outlives the swap: requests that read the old config still use it
+
 
 class OnnxRuntimeEngine:
     kind = "tensors"  # the data plane matches preprocess output to the model signature first
@@ -29,6 +32,7 @@ class OnnxRuntimeEngine:
         self.artifact_path = artifact_path
         self.threads = threads
         self._sessions: dict[str, Any] = {}
+        self._retired: dict[str, tuple[Any, float]] = {}  # artifact -> (session, when it left the config)
         self._lock = threading.Lock()
         # session.run is thread-safe and releases the GIL, so one session serves every thread
         self._executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="onnxruntime")
@@ -39,17 +43,28 @@ class OnnxRuntimeEngine:
     def prepare(self, target: Target) -> None:
         with self._lock:
             if target.artifact not in self._sessions:
-                self._sessions[target.artifact] = self._load(target.artifact)
+                retired = self._retired.pop(target.artifact, None)
+                self._sessions[target.artifact] = retired[0] if retired else self._load(target.artifact)
 
     def retain(self, targets: Iterable[Target]) -> None:
+        """Sessions no longer in the config are dropped RETIRE_AFTER_S later (at a later call): a
+        request that read the previous config just before the swap still finds its session."""
         keep = {t.artifact for t in targets}
+        now = time.monotonic()
         with self._lock:
             for artifact in set(self._sessions) - keep:
-                del self._sessions[artifact]
+                self._retired[artifact] = (self._sessions.pop(artifact), now)
+            for artifact in list(self._retired):
+                if artifact in keep and artifact not in self._sessions:
+                    self._sessions[artifact] = self._retired.pop(artifact)[0]
+                elif now - self._retired[artifact][1] > RETIRE_AFTER_S:
+                    del self._retired[artifact]
 
     async def infer(self, target: Target, inputs: dict[str, np.ndarray],
                     pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         session = self._sessions.get(target.artifact)
+        if session is None:
+            session = (self._retired.get(target.artifact) or (None,))[0]
         if session is None:
             raise ModelNotReady(f"model {target.model}:{target.version} is still loading")
         names = target.output_names or [o.name for o in session.get_outputs()]
@@ -61,6 +76,10 @@ class OnnxRuntimeEngine:
         return dict(zip(names, values))
 
     async def ready(self, target: Target) -> bool:
+        return target.artifact in self._sessions
+
+    def is_ready(self, target: Target) -> bool:
+        """Readiness gate: the session opens in ``prepare``, before the config is swapped in."""
         return target.artifact in self._sessions
 
     async def close(self) -> None:

@@ -9,6 +9,7 @@ each failure is a 503 with ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -43,6 +44,8 @@ class TritonEngine:
         self.timeout_s = timeout_s
         self.batching = batching  # merge concurrent requests in the worker (serving/worker/batcher.py)
         self._client: grpc_aio.InferenceServerClient | None = None
+        self._sync_client: Any = None  # readiness checks from the config thread (no event loop there)
+        self._sync_lock = threading.Lock()
         self._batchers: dict[str, MicroBatcher] = {}  # by Triton model name
 
     def client(self) -> grpc_aio.InferenceServerClient:
@@ -99,6 +102,20 @@ class TritonEngine:
     async def ready(self, target: Target) -> bool:
         try:
             return bool(await self.client().is_model_ready(target.triton_name, client_timeout=2.0))
+        except Exception:
+            return False
+
+    def is_ready(self, target: Target) -> bool:
+        """Readiness gate (serving/worker/gate.py): has Triton loaded this model? Called from the
+        config thread, so a blocking client of its own; unreachable counts as not ready."""
+        import tritonclient.grpc as grpc_sync
+
+        with self._sync_lock:
+            if self._sync_client is None:
+                self._sync_client = grpc_sync.InferenceServerClient(self.url)
+            client = self._sync_client
+        try:
+            return bool(client.is_model_ready(target.triton_name, client_timeout=2.0))
         except Exception:
             return False
 
