@@ -8,6 +8,7 @@ import typer
 
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
+from serving.cli.readiness import state_text
 
 endpoint_app = typer.Typer(help="Public endpoints and their routes.", no_args_is_help=True)
 canary_app = typer.Typer(help="Split an endpoint's traffic between versions.", no_args_is_help=True)
@@ -29,8 +30,9 @@ def endpoint_list(ctx: typer.Context, json_: bool = typer.Option(False, "--json"
     if json_:
         show(eps, [], True)
         return
-    rows = [{**e, "routes": _routes(e), "preprocess": e["preprocess"].get("kind", "none")} for e in eps]
-    show(rows, ["name", "engine", "preprocess", "routes"], False, "endpoints")
+    rows = [{**e, "routes": _routes(e), "preprocess": e["preprocess"].get("kind", "none"),
+             "state": state_text(e.get("readiness"))} for e in eps]
+    show(rows, ["name", "engine", "preprocess", "routes", "state"], False, "endpoints")
 
 
 @endpoint_app.command("remove")

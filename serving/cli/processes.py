@@ -12,6 +12,7 @@ from rich.console import Console
 from serving.settings import (
     ControlPlaneSettings, StatisticsSettings, TritonSettings, WorkerSettings, default_home,
 )
+from serving.cli.readiness import state_text
 from serving.supervisor import Child, Supervisor
 
 console = Console()
@@ -148,7 +149,7 @@ def status(ctx: typer.Context,
         console.print(f"worker {worker_url}: [red]unreachable[/red] ({exc})")
     for ep in cp.get("/endpoints"):
         routes = ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}%" for t in ep["targets"])
-        console.print(f"  /serve/{ep['name']} ({ep['engine']}): {routes}")
+        console.print(f"  /serve/{ep['name']} ({ep['engine']}): {routes} [{state_text(ep.get('readiness'))}]")
 
 
 def demo(workers: int = typer.Option(2, help="worker processes"),

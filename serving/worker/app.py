@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from serving.artifact_client import ArtifactFetcher
+from serving.readiness_report import ReadinessReporter, process_id
 from serving.settings import WorkerSettings
 from serving.worker.config_sync import ConfigSync
 from serving.worker.dataplane import DataPlane, Recorder
@@ -106,11 +107,16 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         sender.loop = asyncio.get_running_loop()
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
+        reporter = None
         if snapshot is not None:
             sync.apply(snapshot)
-        else:
+        else:  # readiness reports to the control plane (serving/readiness_report.py)
+            reporter = ReadinessReporter(settings.control_plane_url, process_id("worker"), sync.readiness).start()
+            sync.watchers.append(reporter.poke)
             sync.follow(settings.control_plane_url, settings.resolved_cache())
         yield
+        if reporter is not None:
+            reporter.stop()
         sync.stop()
         for engine in engines.values():
             await engine.close()
@@ -131,6 +137,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         config = sync.current
         return {"revision": config.revision, "pid": os.getpid(), "errors": dict(config.errors),
                 "grpc_port": settings.worker_grpc_port,
+                "readiness": sync.readiness()["endpoints"],
                 "internal_errors": counts["internal_errors"],
                 "endpoints": {n: {"engine": ep.engine, "preprocess": ep.preprocess_kind,
                                   "versions": [{"version": t.version, "weight": t.weight} for t in ep.targets]}

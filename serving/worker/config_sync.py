@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -20,6 +21,7 @@ from preprocess.loader import build_processor
 from preprocess.user_code import UserContext
 from serving.config_client import ConfigSubscriber
 from serving.worker.engines.base import Engine
+from serving.worker.gate import Pending, ReadinessGate, decide, endpoint_state, label
 from serving.worker.runtime import Config, EndpointRuntime, Target
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,12 @@ class ConfigSync:
         self._retired: list[Processor] = []  # replaced by the previous apply: closed on the next
         self._lock = threading.Lock()
         self._subscriber: ConfigSubscriber | None = None
+        self.gate = ReadinessGate(engines)
+        self.pending: dict[str, Pending] = {}  # endpoint -> definition waiting for its targets
+        self.watchers: list[Callable[[], None]] = []  # told after each change of what is routed (reports)
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._gate_thread: threading.Thread | None = None
 
     def follow(self, control_plane_url: str, cache_path: Path) -> "ConfigSync":
         """Apply the cached snapshot now (if any), then stream new ones in the background."""
@@ -50,30 +58,98 @@ class ConfigSync:
     def stop(self) -> None:
         if self._subscriber is not None:
             self._subscriber.stop()
+        self._stopped.set()
+        self._wake.set()
 
     def apply(self, snapshot: dict[str, Any]) -> None:
+        revision = int(snapshot.get("revision", 0))
         with self._lock:
-            endpoints: dict[str, EndpointRuntime] = {}
+            built: dict[str, EndpointRuntime] = {}
             errors: dict[str, str] = {}
             for name, spec in (snapshot.get("endpoints") or {}).items():
                 try:
-                    endpoints[name] = self._build(spec)
+                    built[name] = self._build(spec)
                 except Exception as exc:  # one bad endpoint must not take the others down
                     log.exception("endpoint %s could not be loaded", name)
                     errors[name] = f"{type(exc).__name__}: {exc}"
-                    if name in self.current.endpoints:
-                        endpoints[name] = self.current.endpoints[name]
-            for kind, engine in self.engines.items():
-                engine.retain(t for ep in endpoints.values() if ep.engine == kind for t in ep.targets)
-            self._retain_processors(endpoints)
-            self.current = Config(int(snapshot.get("revision", 0)), MappingProxyType(endpoints),
-                                  MappingProxyType(errors))
-        log.info("applied config revision %s (%d endpoints)", self.current.revision, len(endpoints))
+            endpoints, self.pending = decide(self.gate, built, self.current.endpoints, revision)
+            for name in errors:
+                if name in self.current.endpoints:
+                    endpoints[name] = self.current.endpoints[name]
+            self._retain(endpoints)
+            self.current = Config(revision, MappingProxyType(endpoints), MappingProxyType(errors))
+        held = [n for n, p in self.pending.items() if not p.installed]
+        log.info("applied config revision %s (%d endpoints%s)", revision, len(endpoints),
+                 f"; previous routes kept until ready: {', '.join(held)}" if held else "")
         for listener in self.listeners:
             try:
                 listener(snapshot)
             except Exception:
                 log.exception("config listener failed")
+        if self.pending:
+            self._start_gate()
+        self._changed()
+
+    # --- readiness gate -------------------------------------------------------------
+    def readiness(self) -> dict[str, Any]:
+        """This process's readiness report: the applied revision and each endpoint's state."""
+        with self._lock:
+            config, pending = self.current, dict(self.pending)
+        names = set(config.endpoints) | set(config.errors)
+        return {"revision": config.revision,
+                "endpoints": {n: endpoint_state(config.endpoints.get(n), pending.get(n), config.errors.get(n))
+                              for n in sorted(names)}}
+
+    def _retain(self, endpoints: Mapping[str, EndpointRuntime]) -> None:
+        """Keep what the routed and the waiting definitions use; drop the rest (lock held)."""
+        used = [*endpoints.values(), *(p.runtime for p in self.pending.values())]
+        for kind, engine in self.engines.items():
+            engine.retain(t for ep in used if ep.engine == kind for t in ep.targets)
+        self.gate.retain(used)
+        self._retain_processors(used)
+
+    def _start_gate(self) -> None:
+        self._wake.set()
+        if self._gate_thread is None or not self._gate_thread.is_alive():
+            self._gate_thread = threading.Thread(target=self._watch_pending, name="readiness-gate", daemon=True)
+            self._gate_thread.start()
+
+    def _watch_pending(self) -> None:
+        """Re-check waiting endpoints until each is ready, then route to it."""
+        while not self._stopped.is_set():
+            self._wake.clear()
+            with self._lock:
+                pending = dict(self.pending)
+            for name, entry in pending.items():
+                waiting = self.gate.unready(entry.runtime)  # engine calls: outside the lock
+                if waiting:
+                    entry.waiting = tuple(label(t) for t in waiting)
+                else:
+                    self._switch(name, entry)
+            if pending:
+                self._wake.wait(min(p.recheck_s() for p in pending.values()))
+            else:
+                self._wake.wait()
+
+    def _switch(self, name: str, entry: Pending) -> None:
+        with self._lock:
+            if self.pending.get(name) is not entry:  # a newer config replaced it meanwhile
+                return
+            del self.pending[name]
+            if not entry.installed:
+                endpoints = {**self.current.endpoints, name: entry.runtime}
+                self.current = replace(self.current, endpoints=MappingProxyType(endpoints))
+                self._retain(endpoints)
+        log.info("endpoint %s: new targets ready after %.2fs; %s", name, entry.age_s(),
+                 "answering" if entry.installed else "switched to them")
+        self._changed()
+
+    def _changed(self) -> None:
+        for watcher in self.watchers:
+            try:
+                watcher()
+            except Exception:
+                log.exception("readiness watcher failed")
 
     def _build(self, spec: dict[str, Any]) -> EndpointRuntime:
         name, engine_name = spec["name"], spec.get("engine") or "triton"
@@ -120,12 +196,12 @@ class ConfigSync:
         self._processors[slot] = (key, processor)
         return processor
 
-    def _retain_processors(self, endpoints: Mapping[str, EndpointRuntime]) -> None:
+    def _retain_processors(self, endpoints: list[EndpointRuntime]) -> None:
         """Processors the new config no longer uses are closed one revision later: requests that
         read the previous config may still be running their user code."""
         for processor in self._retired:
             _close(processor)
-        live = {id(p) for ep in endpoints.values() for p in (ep.processor, *ep.version_processors.values())}
+        live = {id(p) for ep in endpoints for p in (ep.processor, *ep.version_processors.values())}
         for slot, (_, processor) in list(self._processors.items()):
             if id(processor) not in live:
                 self._retiring.append(processor)

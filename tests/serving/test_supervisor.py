@@ -128,7 +128,9 @@ def _safe(predicate, p: psutil.Process) -> bool:
 
 
 def is_cli(command: str):
-    return lambda cmd: cmd[1:4] == ["-m", "serving.cli.main", command]
+    def match(cmd: list[str]) -> bool:  # python [-P] -m serving.cli.main COMMAND ...
+        return "serving.cli.main" in cmd and cmd[cmd.index("serving.cli.main") + 1:][:1] == [command]
+    return match
 
 
 def is_tritonserver(cmd):

@@ -1,0 +1,143 @@
+"""Where each deployed version answers: the readiness reports of worker processes and Triton.
+
+Workers route to a new version only once it is ready on their engine (serving/worker/gate.py)
+and report, per process, the config revision they applied and each endpoint's state
+(serving/readiness_report.py). The embedded Triton reports the models it failed to load. The
+reports live in this process's memory only (a restarted control plane knows again within one
+heartbeat); a process silent for ``TTL_S`` is forgotten, and one that stops says so.
+
+An endpoint is ``ready`` when every live worker process applied the current revision and routes
+to its current targets; ``failed`` when one of them could not build it or Triton could not load
+one of its models (the old routes keep answering meanwhile); ``pending`` otherwise; ``unknown``
+when no worker reports at all.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from registry.errors import NotFound
+
+TTL_S = 15.0          # three missed heartbeats (serving/readiness_report.py HEARTBEAT_S)
+MAX_SOURCES = 1000    # memory bound: the oldest report goes first
+MAX_WAIT_S = 60.0     # one long poll; the CLI polls again for longer waits
+POLL_S = 0.1
+
+
+class EndpointState(BaseModel):
+    state: Literal["ready", "pending", "failed"]
+    error: str | None = Field(None, max_length=2000)
+    serving: list[list[Any]] = Field(default_factory=list, max_length=64)  # [version, weight, role]
+    waiting: list[str] = Field(default_factory=list, max_length=64)
+    pending_s: float | None = None
+
+
+class ReadinessReport(BaseModel):
+    source: str = Field(min_length=1, max_length=200)
+    kind: Literal["worker", "triton"] = "worker"
+    gone: bool = False
+    revision: int = -1
+    endpoints: dict[str, EndpointState] = Field(default_factory=dict)  # workers
+    failures: dict[str, str] = Field(default_factory=dict)  # triton: model name -> why its load failed
+
+
+class ReadinessBook:
+    def __init__(self, ttl_s: float = TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.clock = ttl_s, clock
+        self._reports: dict[str, tuple[float, ReadinessReport]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, report: ReadinessReport) -> None:
+        with self._lock:
+            self._reports.pop(report.source, None)
+            if not report.gone:
+                self._reports[report.source] = (self.clock(), report)
+                while len(self._reports) > MAX_SOURCES:
+                    del self._reports[next(iter(self._reports))]
+
+    def live(self, kind: str | None = None) -> list[tuple[float, ReadinessReport]]:
+        now = self.clock()
+        with self._lock:
+            for source in [s for s, (at, _) in self._reports.items() if now - at > self.ttl_s]:
+                del self._reports[source]
+            return [(at, r) for at, r in self._reports.values() if kind is None or r.kind == kind]
+
+    def endpoint_status(self, name: str, snapshot: dict) -> dict[str, Any]:
+        spec = (snapshot.get("endpoints") or {}).get(name)
+        if spec is None:
+            raise NotFound(f"endpoint {name!r} not found")
+        revision = int(snapshot.get("revision", -1))
+        now = self.clock()
+        workers = [_worker_line(r, name, revision, now - at) for at, r in self.live("worker")]
+        triton = _triton_failures(spec, [r for _, r in self.live("triton")])
+        errors = [w["error"] for w in workers if w["state"] == "failed"] + triton
+        if errors:
+            state = "failed"
+        elif not workers:
+            state = "unknown"
+        else:
+            state = "ready" if all(w["state"] == "ready" for w in workers) else "pending"
+        wanted = [[t["version"], t.get("weight", 0), t.get("role", "stable")] for t in spec.get("targets") or []]
+        return {"endpoint": name, "revision": revision, "state": state, "error": errors[0] if errors else None,
+                "targets": wanted, "workers": workers}
+
+    def summary(self, snapshot: dict) -> dict[str, dict[str, Any]]:
+        """Each endpoint's state and error, for `serving endpoint list`."""
+        out = {}
+        for name in snapshot.get("endpoints") or {}:
+            status = self.endpoint_status(name, snapshot)
+            out[name] = {"state": status["state"], "error": status["error"],
+                         "workers": len(status["workers"]),
+                         "ready_workers": sum(w["state"] == "ready" for w in status["workers"])}
+        return out
+
+
+def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float) -> dict[str, Any]:
+    entry = report.endpoints.get(name)
+    line: dict[str, Any] = {"source": report.source, "revision": report.revision, "age_s": round(age_s, 1),
+                            "state": "pending", "error": None, "serving": [], "waiting": []}
+    if entry is not None:
+        line.update(serving=entry.serving, waiting=entry.waiting, pending_s=entry.pending_s)
+        if report.revision >= revision:  # an older revision's state says nothing about this one
+            line.update(state=entry.state, error=entry.error)
+    if report.revision < revision:
+        line["waiting"] = [f"config revision {revision} (applied {report.revision})"]
+    return line
+
+
+def _triton_failures(spec: dict, reports: list[ReadinessReport]) -> list[str]:
+    if spec.get("engine", "triton") != "triton":
+        return []
+    names = {t.get("triton_name") for t in spec.get("targets") or []}
+    return [f"Triton could not load {model}: {why}" for r in reports
+            for model, why in sorted(r.failures.items()) if model in names]
+
+
+def readiness_router(book: ReadinessBook, snapshot: Callable[[], dict]) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/readiness", status_code=204)
+    def report(body: ReadinessReport) -> None:
+        book.put(body)
+
+    @router.get("/readiness")
+    def reports() -> list[dict]:
+        now = book.clock()
+        return [{**r.model_dump(), "age_s": round(now - at, 1)} for at, r in book.live()]
+
+    @router.get("/endpoints/{name:path}/status")  # names may hold "/" (sent as %2F)
+    async def endpoint_status(name: str, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> dict:
+        """``wait``: hold the answer up to that many seconds until the state is ready or failed."""
+        deadline = time.monotonic() + wait
+        while True:
+            status = book.endpoint_status(name, snapshot())
+            if status["state"] in ("ready", "failed") or time.monotonic() >= deadline:
+                return status
+            await asyncio.sleep(POLL_S)
+
+    return router
