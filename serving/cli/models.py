@@ -10,9 +10,9 @@ import typer
 from serving.cli.clearml_flags import aux_batching, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
+from serving.cli.readiness import after_deploy
 
 # Triton's batcher only groups requests of one shape: a few length buckets let different lengths share a batch.
-from serving.cli.readiness import after_deploy
 BATCH_PAD_MULTIPLE = 16
 
 app = typer.Typer(help="Model versions in the registry, and deploying them to endpoints.", no_args_is_help=True)
@@ -153,6 +153,9 @@ def add(
     published: bool = typer.Option(False, "--published", hidden=True, help="ClearML Serving's; every version counts"),
     max_versions: Optional[int] = typer.Option(None, "--max-versions", min=1, max=100,
                                                help="auto-update: serve the newest N versions as they are uploaded"),
+    wait: bool = typer.Option(False, "--wait", help="return once the new routes answer on every worker process "
+                                                    "(exit 1 if the version fails to load)"),
+    wait_timeout: float = typer.Option(300.0, "--wait-timeout", min=1.0, help="seconds --wait waits at most"),
 ) -> None:
     """Deploy a model version behind an endpoint, or as a canary of it (ClearML's flags work too).
 
@@ -163,6 +166,7 @@ def add(
         ep = plane(ctx).post("/endpoints", json=shadow_body(endpoint, model, shadow))
         console.print(f"endpoint [bold]{ep['name']}[/bold]: " + ", ".join(
             f"{t['model']}:{t['version']} {t['weight']:g}% ({t['role']})" for t in ep["targets"]))
+        after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
         return
     body = _deploy_body(ctx, endpoint, model, engine, tokenizer, preprocess, labels, max_length, pad_to_multiple_of,
                         canary, max_batch_size, max_queue_delay_us, preferred_batch_size, instances,
@@ -170,11 +174,9 @@ def add(
                         aux_config, requirements, tags, max_versions)
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
-    wait: bool = typer.Option(False, "--wait", help="return once the new routes answer on every worker process "
-                                                    "(exit 1 if the version fails to load)"),
-    wait_timeout: float = typer.Option(300.0, "--wait-timeout", min=1.0, help="seconds --wait waits at most"),
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
     console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}{follow}")
+    after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
 
 
 app.command("auto-update")(add)
@@ -185,7 +187,6 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
                  canary: Optional[str], max_batch_size: Optional[int], max_queue_delay_us: Optional[int],
                  preferred_batch_size: list[int], instances: Optional[int], io_flags: tuple, aux_config: list[str],
                  requirements: list[str], tags: list[str], max_versions: Optional[int]) -> dict[str, Any]:
-        after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
     if tokenizer and preprocess:
         raise typer.BadParameter("give --tokenizer or --preprocess, not both")
     if requirements and not preprocess:
@@ -197,7 +198,6 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
     io = _io(io_flags)
     batching, ignored = aux_batching(aux_config)
     for key, value in (("max_batch_size", max_batch_size), ("max_queue_delay_us", max_queue_delay_us),
-    after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
                        ("instances", instances), ("preferred_batch_sizes", preferred_batch_size or None)):
         if value is not None:
             batching[key] = value
