@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def model_out(m: ModelVersion) -> dict:
     return {
-        "name": m.name, "version": m.version, "framework": m.framework, "sha256": m.sha256,
+        "id": m.id, "name": m.name, "version": m.version, "framework": m.framework, "sha256": m.sha256,
         "size": m.size, "signature": m.signature, "tags": m.tags, "metadata": m.meta,
         "created_at": m.created_at.isoformat(),
     }
@@ -108,7 +108,7 @@ def _listeners(settings: ControlPlaneSettings, store: ArtifactStore) -> list:
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(RegistryError)
     async def registry_error(_req: Request, exc: RegistryError):
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(SignatureError)
     async def signature_error(_req: Request, exc: SignatureError):
@@ -180,7 +180,7 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
     def list_models(name: str | None = None):
         return [model_out(m) for m in registry.list_models(name)]
 
-    @app.delete("/models/{name}")
+    @app.delete("/models/{name:path}")  # names may hold any printable character, '/' (sent as %2F) too
     def remove_model(name: str, version: int | None = Query(None, ge=1, le=MAX_VERSION)):
         return {"removed": registry.remove_model(name, version)}
 

@@ -1,18 +1,8 @@
-"""Registry errors, each with the HTTP status the control plane answers it with."""
+"""Registry errors: the platform's vocabulary (``serving.errors``), each answered with its HTTP status."""
 from __future__ import annotations
 
+from serving.errors import BadRequest, Conflict, NotFound, ServiceError, Unprocessable
 
-class RegistryError(Exception):
-    status = 400
+RegistryError = ServiceError  # what the control plane's handler catches: any of them
 
-
-class NotFound(RegistryError):
-    status = 404
-
-
-class Conflict(RegistryError):
-    status = 409
-
-
-class Unprocessable(RegistryError):
-    status = 422
+__all__ = ["BadRequest", "Conflict", "NotFound", "RegistryError", "Unprocessable"]

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from registry import io_spec, schemas
 from registry.artifacts import ArtifactStore
-from registry.errors import Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
+from registry.errors import BadRequest, Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
 from registry.routes import declared_io, route, route_newest
 from registry.signature import onnx_signature, refuse_pytorch
@@ -161,14 +161,16 @@ class Registry:
                 ep = Endpoint(name=req.endpoint, engine=req.engine, preprocess={}, batching={}, log_freq=1.0,
                               io={}, auto_update={})
                 s.add(ep)
-            ep.engine = req.engine
+            engine_changed, ep.engine = ep.engine != req.engine, req.engine
             if req.preprocess is not None:
                 ep.preprocess = req.preprocess.model_dump()
-            if req.batching is not None or not ep.batching:
+            if req.batching is not None or not ep.batching or engine_changed:  # another engine: its own default
                 # ClearML Serving's default: no batching when tensors are declared (sizes are whole shapes)
                 ep.batching = (req.batching or schemas.Batching(max_batch_size=0 if req.io else 32)).model_dump()
             if req.io is not None:
                 ep.io = declared_io(req.io, ep.batching, model)
+            elif engine_changed:
+                ep.io = {}
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
                 route_newest(s, ep)
@@ -186,14 +188,14 @@ class Registry:
     def _check_deployable(self, req: schemas.EndpointDeploy, model: ModelVersion | None) -> None:
         if model is None:
             if req.engine not in schemas.MODEL_LESS_ENGINES:
-                raise RegistryError(f"engine {req.engine} needs a model (--model NAME[:VERSION]); only "
+                raise BadRequest(f"engine {req.engine} needs a model (--model NAME[:VERSION]); only "
                                     f"{' and '.join(schemas.MODEL_LESS_ENGINES)} endpoints may have none")
             if req.canary is not None or req.max_versions is not None:
-                raise RegistryError("a canary or auto-update needs a model")
+                raise BadRequest("a canary or auto-update needs a model")
             if req.preprocess is None or req.preprocess.kind != "user":
-                raise RegistryError("an endpoint without a model runs preprocess.py: give --preprocess")
+                raise BadRequest("an endpoint without a model runs preprocess.py: give --preprocess")
         elif req.engine in ("triton", "onnxruntime") and model.framework != "onnx":
-            raise RegistryError(f"engine {req.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
+            raise BadRequest(f"engine {req.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
         pre = req.preprocess
         if pre is not None and pre.artifact and not self.store.exists(pre.artifact):
             raise NotFound(f"preprocess artifact {pre.artifact} was not uploaded")
@@ -202,13 +204,13 @@ class Registry:
         """Add or replace the endpoint's shadow target: its weight is the percent of requests copied to it.
         It runs with the endpoint's engine and preprocessing; nothing else of the endpoint changes."""
         if req.model is None or req.canary is not None or req.max_versions is not None:
-            raise RegistryError("a shadow needs a model (--model NAME[:VERSION]) and no --canary or --max-versions")
+            raise BadRequest("a shadow needs a model (--model NAME[:VERSION]) and no --canary or --max-versions")
 
         def put(s: Session) -> None:
             ep = self._endpoint(s, req.endpoint)
             model = _model(s, req.model, req.version)
             if ep.engine in ("triton", "onnxruntime") and model.framework != "onnx":
-                raise RegistryError(f"engine {ep.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
+                raise BadRequest(f"engine {ep.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
             if ep.io and ep.engine in ("triton", "onnxruntime"):
                 try:
                     io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")
