@@ -50,7 +50,7 @@ def free_port() -> int:
 
 
 def stack_env(home: Path) -> dict[str, str]:
-    ports = {name: free_port() for name in ("cp", "worker", "http", "grpc", "metrics", "stats")}
+    ports = {name: free_port() for name in ("cp", "worker", "worker_grpc", "http", "grpc", "metrics", "stats")}
     # tokens: the demo's control plane creates them under its home, where its CLI calls find
     # them; a token or `serving login` of the user's own platform must not be sent to it
     inherited = {k: v for k, v in os.environ.items() if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN",
@@ -59,7 +59,7 @@ def stack_env(home: Path) -> dict[str, str]:
         **inherited, "SERVING_HOME": str(home), "SERVING_CREDENTIALS": str(home / "credentials"),
         "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
         "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
-        "SERVING_WORKER_PORT": str(ports["worker"]),
+        "SERVING_WORKER_PORT": str(ports["worker"]), "SERVING_WORKER_GRPC_PORT": str(ports["worker_grpc"]),
         "SERVING_TRITON_HTTP_PORT": str(ports["http"]), "SERVING_TRITON_GRPC_PORT": str(ports["grpc"]),
         "SERVING_TRITON_METRICS_PORT": str(ports["metrics"]),
         "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{ports['grpc']}",
