@@ -221,3 +221,16 @@ def test_deadline_exceeded(client, tiny_model):
     ids = {k: np.repeat(v, 64, axis=0) for k, v in tokens(tiny_model, " ".join([TEXT] * 12)).items()}
     expect(lambda: client.infer("clf", tensor_inputs(grpcclient, ids), client_timeout=0.005), "DEADLINE_EXCEEDED")
     assert client.infer("tensors", tensor_inputs(grpcclient, tensor_feeds())).get_response().model_version == "1"
+
+
+def test_the_docs_grpc_example_runs_as_written(worker, capsys):
+    """docs/serving.md's tritonclient.grpc example, pointed at this worker and its endpoint."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
+    section = text[text.index("## The v2 protocol over gRPC"):]
+    (block,) = re.findall(r"^```python\n(.*?)^```$", section[:section.index("\n## ", 5)], re.M | re.S)
+    exec(block.replace("localhost:9091", worker.grpc).replace('"sentiment"', '"clf"'), {})
+    out = capsys.readouterr().out
+    assert "True" in out and "logits" in out and out.rstrip().endswith(" 1")  # model_version 1 printed last
