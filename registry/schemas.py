@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 MAX_VERSION = 2**31 - 1  # model versions are 32-bit integers in the database
 
 
@@ -21,6 +21,34 @@ def finite_json(value: Any, where: str) -> Any:
         for v in value:
             finite_json(v, where)
     return value
+
+ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a /serve/{endpoint} URL segment as is
+MAX_NAME = 128  # model_versions.name and endpoints.name are VARCHAR(128)
+
+
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 60 else value[:60] + "...")
+
+
+def endpoint_name(value: str) -> str:
+    """Endpoint names are URL path segments (``/serve/NAME``), as ClearML's are."""
+    if not ENDPOINT_NAME.fullmatch(value):
+        raise ValueError(f"endpoint name {_shown(value)} is not allowed: use 1 to {MAX_NAME} letters, digits, "
+                         "'_', '.' or '-', starting with a letter or digit (it is part of the URL /serve/NAME)")
+    return value
+
+
+def model_name(value: str, what: str = "model name") -> str:
+    """Model names as ClearML allows them: spaces and any printable character (``train sklearn
+    model - sklearn-model``); they travel URL-encoded and map to safe Triton names (serving/triton/naming.py)."""
+    if not value or len(value) > MAX_NAME or not value.isprintable() or value != value.strip():
+        raise ValueError(f"{what} {_shown(value)} is not allowed: use 1 to {MAX_NAME} printable characters (letters, "
+                         "digits, spaces, punctuation), no tabs or line breaks, not starting or ending with a space")
+    return value
+
+
+EndpointName = Annotated[str, AfterValidator(endpoint_name)]
+ModelName = Annotated[str, AfterValidator(model_name)]
 
 # Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
 ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async")
@@ -41,7 +69,7 @@ class Signature(BaseModel):
 
 
 class ModelCreate(BaseModel):
-    name: str = Field(pattern=NAME)
+    name: ModelName
     artifact: str = Field(description="sha256 of an uploaded artifact")
     framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom"] = "onnx"
     signature: Signature | None = Field(None, description="inferred from the ONNX file when omitted")
@@ -71,6 +99,17 @@ class Batching(BaseModel):
     max_queue_delay_us: int = Field(2000, ge=0, le=10_000_000)
     preferred_batch_sizes: list[int] = []
     instances: int = Field(1, ge=1, le=64)
+    triton_config: dict[str, Any] = Field({}, description="other config.pbtxt fields (ClearML's --aux-config), "
+                                                          "written into an external Triton's config.pbtxt")
+
+    @field_validator("triton_config")
+    @classmethod
+    def _triton_schema(cls, tree: dict[str, Any]) -> dict[str, Any]:
+        if tree:
+            from serving.triton.aux_config import check_triton_config
+
+            check_triton_config(tree)  # an AuxConfigError is a ValueError: a 422 naming the field
+        return tree
 
 
 class PreprocessSpec(BaseModel):
@@ -103,8 +142,8 @@ class IODeclaration(BaseModel):
 class EndpointDeploy(BaseModel):
     """`serving model add`: put a model version behind an endpoint, optionally as a canary."""
 
-    endpoint: str = Field(pattern=NAME)
-    model: str | None = Field(None, description="model name; only custom engines may have none")
+    endpoint: EndpointName
+    model: ModelName | None = Field(None, description="model name; only custom engines may have none")
     version: int | None = Field(None, ge=1, le=MAX_VERSION, description="latest when omitted")
     engine: Engine = "triton"
     preprocess: PreprocessSpec | None = None
@@ -116,6 +155,62 @@ class EndpointDeploy(BaseModel):
                                  description="percent of traffic for this version")
     shadow: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
                                  description="percent of requests copied to this version (never answered)")
+    aux_config: dict[str, str] | None = Field(None, description="ClearML's --aux-config: config.pbtxt key -> value "
+                                                                "as typed, e.g. max_batch_size: \"64\"")
+
+    @field_validator("aux_config")
+    @classmethod
+    def _aux_valid(cls, pairs: dict[str, str] | None) -> dict[str, str] | None:
+        if pairs:
+            aux_batching(pairs, None, None)  # refused here, so the 422 names aux_config
+        return pairs
+
+    @model_validator(mode="after")
+    def _aux(self) -> "EndpointDeploy":
+        """Batching keys of --aux-config apply here (explicit batching fields win); other config.pbtxt
+        keys go to an external Triton; platform and model file name are known already (ignored)."""
+        if self.aux_config:
+            self.batching = aux_batching(self.aux_config, self.batching, self.io) or self.batching
+        return self
+
+
+def aux_batching(pairs: dict[str, str], batching: Batching | None, io: IODeclaration | None) -> Batching | None:
+    """The endpoint's batching with ClearML's --aux-config applied; None when it sets nothing used here."""
+    from serving.triton.aux_config import APPLIED, AuxConfigError, parse_aux
+
+    try:
+        aux = parse_aux(pairs)
+    except AuxConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not (aux.batching or aux.triton):
+        return None
+    explicit = batching.model_dump(include=batching.model_fields_set) if batching else {}
+    merged = {"max_batch_size": 0 if io else 32, **aux.batching, **explicit,
+              "triton_config": {**aux.triton, **explicit.get("triton_config", {})}}
+    try:
+        return Batching(**merged)
+    except ValidationError as exc:
+        names = {v: k for k, v in APPLIED.items()}
+        raise ValueError("; ".join(f"{names.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
+                                   for e in exc.errors())) from None
+        from serving.triton.aux_config import APPLIED, AuxConfigError, parse_aux
+
+        try:
+            aux = parse_aux(self.aux_config)
+        except AuxConfigError as exc:
+            raise ValueError(f"--aux-config {exc}") from None
+        if not (aux.batching or aux.triton):
+            return self
+        explicit = self.batching.model_dump(include=self.batching.model_fields_set) if self.batching else {}
+        merged = {"max_batch_size": 0 if self.io else 32, **aux.batching, **explicit,
+                  "triton_config": {**aux.triton, **explicit.get("triton_config", {})}}
+        try:
+            self.batching = Batching(**merged)
+        except ValidationError as exc:
+            names = {v: k for k, v in APPLIED.items()}
+            raise ValueError("--aux-config " + "; ".join(
+                f"{names.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors())) from None
+        return self
 
 
 class CanaryWeights(BaseModel):
@@ -155,10 +250,18 @@ class NewestWeights(BaseModel):
 
 
 class MetricCreate(BaseModel):
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+    name: str
     kind: Literal["scalar", "enum", "value"]
     buckets: list[float] | None = None
     values: list[str] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name):
+            raise ValueError(f"variable name {_shown(name)} is not allowed: use 1 to 64 letters, digits or '_', "
+                             "not starting with a digit (it becomes a Prometheus label value and a JSON key)")
+        return name
 
     @model_validator(mode="after")
     def _spec(self) -> "MetricCreate":
@@ -176,8 +279,8 @@ class LogFreq(BaseModel):
 class RolloutStart(BaseModel):
     """`serving rollout start`: move a version's share step by step, gated on its live metrics."""
 
-    endpoint: str = Field(pattern=NAME)
-    model: str = Field(pattern=NAME)
+    endpoint: EndpointName
+    model: ModelName
     version: int | None = Field(None, ge=1, le=2**31 - 1, description="latest when omitted")
     steps: list[float] = Field(min_length=1, max_length=50, description="percent of traffic at each step, ending at 100")
     interval_s: float = Field(gt=0, le=7 * 86400, allow_inf_nan=False, description="seconds each step lasts")

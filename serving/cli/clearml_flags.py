@@ -49,7 +49,22 @@ def framework_for(path: Path, framework: str | None) -> str:
             return FRAMEWORK_ALIASES[framework.strip().lower()]
         except KeyError:
             raise typer.BadParameter(f"unknown framework {framework!r}; one of {', '.join(sorted(FRAMEWORK_ALIASES))}")
-    return _SUFFIX_FRAMEWORK.get(path.suffix.lower(), "custom")
+    known = _SUFFIX_FRAMEWORK.get(path.suffix.lower())
+    if known:
+        return known
+    return "onnx" if _is_onnx(path) else "custom"
+
+
+def _is_onnx(path: Path) -> bool:
+    """A file named otherwise (ClearML's huggingface example uploads ``model.bin``) that parses as an
+    ONNX model with a graph."""
+    try:
+        import onnx
+
+        model = onnx.load_model(str(path), load_external_data=False)
+    except Exception:
+        return False
+    return len(model.graph.node) > 0 and model.ir_version > 0
 
 
 def parse_sizes(values: list[str], flag: str) -> list[list[int]]:
@@ -82,32 +97,34 @@ def io_declaration(names: list[str], types: list[str], sizes: list[list[int]], s
             for i, n in enumerate(names)]
 
 
-# --aux-config keys -> the endpoint's batching fields; ClearML passes the rest into config.pbtxt
-_AUX_BATCHING = {"max_batch_size": "max_batch_size", "dynamic_batching.max_queue_delay_microseconds": "max_queue_delay_us",
-                 "dynamic_batching.preferred_batch_size": "preferred_batch_sizes", "instance_group.count": "instances"}
-_AUX_IGNORED = ("platform", "default_model_filename")  # the model file and platform are known here
+def aux_pairs(items: list[str]) -> dict[str, str] | None:
+    """``--aux-config a=1 b.c="x"`` -> the pairs sent as typed; the control plane reads them against
+    Triton's schema (serving/triton/aux_config.py) and answers a 422 naming a bad key."""
+    from serving.triton.aux_config import AuxConfigError, split_pairs
+
+    if not items:
+        return None
+    try:
+        return split_pairs(items)
+    except AuxConfigError as exc:
+        raise typer.BadParameter(f"--aux-config {exc}")
 
 
-def aux_batching(pairs: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """The batching fields ``--aux-config`` sets, and the keys it was given that need nothing here."""
-    batching: dict[str, Any] = {}
-    ignored: list[str] = []
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"--aux-config {pair!r} must look like key=value")
-        key = key.strip()
-        if key in _AUX_IGNORED:
-            ignored.append(key)
-            continue
-        if key not in _AUX_BATCHING:
-            raise typer.BadParameter(f"--aux-config {key} is not supported; supported: "
-                                     f"{', '.join([*_AUX_BATCHING, *_AUX_IGNORED])}")
-        try:
-            batching[_AUX_BATCHING[key]] = json.loads(raw)
-        except ValueError:
-            raise typer.BadParameter(f"--aux-config {key}: {raw!r} is not a number or a JSON list")
-    return batching, ignored
+def aux_notes(pairs: dict[str, str] | None) -> list[str]:
+    """What became of each --aux-config key, said once after the control plane accepted them."""
+    from serving.triton.aux_config import parse_aux
+
+    if not pairs:
+        return []
+    aux = parse_aux(pairs)
+    notes = [f"--aux-config applied: {', '.join(aux.applied)}"] if aux.applied else []
+    if aux.kept:
+        notes.append(f"--aux-config kept for an external Triton's config.pbtxt (the embedded Triton does not "
+                     f"use them): {', '.join(aux.kept)}")
+    if aux.ignored:
+        notes.append(f"--aux-config ignored: {', '.join(aux.ignored)} (the registry knows the model file "
+                     "and its format)")
+    return notes
 
 
 def endpoint_of(ref: str) -> tuple[str, int | None]:

@@ -7,7 +7,9 @@ from typing import Any, Optional
 
 import typer
 
-from serving.cli.clearml_flags import aux_batching, endpoint_of, framework_for, io_declaration, parse_sizes
+from urllib.parse import quote
+
+from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
@@ -50,7 +52,8 @@ def upload(
     sha = cp.upload_file(path)
     m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework_for(path, framework),
                                  "tags": tag, "metadata": meta})
-    console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] ({m['size']} bytes, sha256 {m['sha256'][:12]})")
+    console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}, {m['size']} bytes, "
+                  f"sha256 {m['sha256'][:12]})")
 
 
 def _refuse_unservable(path: Path, framework: Optional[str]) -> None:
@@ -92,15 +95,27 @@ def list_(ctx: typer.Context, name: Optional[str] = typer.Option(None), json_: b
 @app.command()
 def remove(ctx: typer.Context, name: str = typer.Option(..., "--name"), version: Optional[int] = typer.Option(None)) -> None:
     """Remove a model version (or all versions); refused while an endpoint routes to it."""
-    out = plane(ctx).request("DELETE", f"/models/{name}", params={"version": version} if version else None)
+    out = plane(ctx).request("DELETE", f"/models/{quote(name, safe='')}", params={"version": version} if version else None)
     console.print(f"removed {out['removed']} version(s) of {name}")
 
 
 def parse_model_ref(ref: str) -> tuple[str, int | None]:
-    name, _, version = ref.partition(":")
-    if version and not version.isdigit():
-        raise typer.BadParameter(f"version in '{ref}' must be a number, as in NAME:3")
-    return name, int(version) if version else None
+    """``NAME`` or ``NAME:VERSION``; names may hold spaces and colons, so only a trailing ``:digits`` is a version."""
+    name, sep, version = ref.rpartition(":")
+    if sep and name and version.isdigit():
+        return name, int(version)
+    return ref, None
+
+
+def model_by_id(cp: ControlPlane, model_id: str) -> str:
+    """ClearML's ``--model-id``: the id `model upload` printed (NAME[:VERSION] works too) -> NAME:VERSION."""
+    if not model_id.strip().isdigit():
+        return model_id
+    found = [m for m in cp.get("/models") if str(m.get("id")) == model_id.strip()]
+    if not found:
+        raise typer.BadParameter(f"no model has id {model_id} (`serving model list` shows the ids)",
+                                 param_hint="--model-id")
+    return f"{found[0]['name']}:{found[0]['version']}"
 
 
 def parse_percent(text: str | None) -> float | None:
@@ -122,8 +137,9 @@ _ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custo
 def add(
     ctx: typer.Context,
     endpoint: str = typer.Option(..., "--endpoint", help="public endpoint name (/serve/ENDPOINT)"),
-    model: Optional[str] = typer.Option(None, "--model", "--name", "--model-id",
+    model: Optional[str] = typer.Option(None, "--model", "--name",
                                         help="NAME or NAME:VERSION (latest when omitted); none for a custom endpoint"),
+    model_id: Optional[str] = typer.Option(None, "--model-id", help="the model id `model upload` printed"),
     engine: str = typer.Option("triton", help=_ENGINES),
     tokenizer: Optional[Path] = typer.Option(None, file_okay=False, exists=True, help="Hugging Face tokenizer dir"),
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
@@ -145,7 +161,8 @@ def add(
     output_name: list[str] = typer.Option([], help="declared outputs, in the order postprocess gets them"),
     output_type: list[str] = typer.Option([], help="numpy dtype per output"),
     output_size: list[str] = typer.Option([], help="dims per output"),
-    aux_config: list[str] = typer.Option([], help="ClearML's key=value: max_batch_size, dynamic_batching.*"),
+    aux_config: list[str] = typer.Option([], help="ClearML's config.pbtxt key=value: max_batch_size, "
+                                                   "dynamic_batching.*, any other config.pbtxt field"),
     requirements: list[str] = typer.Option([], "--requirements", "--packages",
                                            help="pip requirements preprocess.py imports, installed by the workers"),
     tags: list[str] = typer.Option([], "--tags", help="pick the newest version of --model with these tags"),
@@ -162,6 +179,8 @@ def add(
     As `model auto-update`, the endpoint follows the newest --max-versions (default 1) versions."""
     if ctx.info_name == "auto-update":
         max_versions = max_versions or 1
+    if model_id:
+        model = model_by_id(plane(ctx), model_id)
     if shadow is not None:
         ep = plane(ctx).post("/endpoints", json=shadow_body(endpoint, model, shadow))
         console.print(f"endpoint [bold]{ep['name']}[/bold]: " + ", ".join(
@@ -175,6 +194,8 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
+    for note in aux_notes(body.get("aux_config")):
+        console.print(f"note: {note}")
     console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}{follow}")
     after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
 
@@ -196,16 +217,14 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
     if name and tags and version is None:
         version = _newest_tagged(cp, name, tags)
     io = _io(io_flags)
-    batching, ignored = aux_batching(aux_config)
+    batching: dict[str, Any] = {}
     for key, value in (("max_batch_size", max_batch_size), ("max_queue_delay_us", max_queue_delay_us),
                        ("instances", instances), ("preferred_batch_sizes", preferred_batch_size or None)):
         if value is not None:
             batching[key] = value
-    if ignored:
-        console.print(f"note: --aux-config {', '.join(ignored)} ignored: the registry knows the model file and format")
     body: dict[str, Any] = {"endpoint": endpoint, "model": name, "version": version, "engine": engine,
                             "canary": parse_percent(canary), "batching": batching or None, "io": io,
-                            "max_versions": max_versions}
+                            "max_versions": max_versions, "aux_config": aux_pairs(aux_config)}
     if tokenizer:
         body["preprocess"] = _tokenizer_spec(cp, tokenizer, labels, max_length, pad_to_multiple_of, engine,
                                              batching.get("max_batch_size", 32))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.triton.naming import TRITON_VERSION, triton_model_name
@@ -100,7 +100,31 @@ def model_config(target: TritonTarget) -> mc.ModelConfig:
     if target.signature:  # without one Triton auto-completes I/O from the ONNX file
         _add_tensors(cfg.input, target.signature.get("inputs", []), max_batch > 0)
         _add_tensors(cfg.output, target.signature.get("outputs", []), max_batch > 0)
+    if b.get("triton_config"):  # ClearML's other --aux-config keys (serving/triton/aux_config.py)
+        _merge(cfg, json_format.ParseDict(b["triton_config"], mc.ModelConfig()))
     return cfg
+
+
+def _merge(cfg: Any, extra: Any) -> None:
+    """Fields set in ``extra`` win: nested messages merge field by field, a one-element repeated message
+    (``instance_group.kind=KIND_GPU``) merges into the one written here, other repeated fields are replaced."""
+    for fd, value in extra.ListFields():
+        mine = getattr(cfg, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            mine.MergeFrom(value)
+        elif fd.message_type is not None and not _is_repeated(fd):
+            _merge(mine, value)
+        elif fd.message_type is not None and len(mine) == 1 and len(value) == 1:
+            _merge(mine[0], value[0])
+        elif _is_repeated(fd):
+            cfg.ClearField(fd.name)
+            getattr(cfg, fd.name).extend(value)
+        else:
+            setattr(cfg, fd.name, value)
+
+
+def _is_repeated(fd: Any) -> bool:
+    return bool(fd.is_repeated) if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
 
 
 def config_pbtxt(target: TritonTarget) -> str:

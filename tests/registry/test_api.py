@@ -105,7 +105,7 @@ def test_metric_definitions_reach_the_snapshot(client, onnx_sha):
 
 
 @pytest.mark.parametrize("path,body,status,words", [
-    ("/models", {"name": "bad name!", "artifact": "x"}, 422, "name"),
+    ("/models", {"name": "bad\tname", "artifact": "x"}, 422, "printable characters"),
     ("/models", {"name": "m", "artifact": "0" * 64}, 404, "was not uploaded"),
     ("/endpoints", {"endpoint": "e", "model": "ghost"}, 404, "model ghost not found"),
     ("/endpoints", {"endpoint": "e", "model": "clf", "canary": 150}, 422, "canary"),

@@ -58,7 +58,7 @@ def test_upload_deploy_canary_list(cp, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["model", "add", "--endpoint", "e", "--model", "ghost"], "model ghost not found"),
-    (["model", "add", "--endpoint", "e", "--model", "clf:x"], "must be a number"),
+    (["model", "add", "--endpoint", "e", "--model", "clf:x"], "model clf:x not found"),  # names may hold colons
     (["model", "add", "--endpoint", "e", "--model", "clf", "--canary", "abc"], "must look like 10%"),
     (["canary", "set", "--endpoint", "e", "--weights", "1:90"], "VERSION=PERCENT"),
     (["canary", "promote", "--endpoint", "nope"], "endpoint nope not found"),
