@@ -17,6 +17,7 @@ import yaml
 
 from tests.deploy.artifacts import DEPLOY, REPO, compose, compose_env, host_port, service_env
 from tests.deploy.compose_env import InterpolationError, interpolate_str
+from tests.support.ci import cannot_run
 
 FILES = ["docker-compose.yml", "docker-compose.gpu.yml"]
 OUR_SERVICES = ("control-plane", "worker", "statistics")
@@ -59,7 +60,9 @@ def test_every_env_file_setting_is_used_and_every_variable_is_defined():
     used: set[str] = set()
     for name in FILES:
         compose(name, used)  # raises on a ${VAR} that .env does not define and has no default
-    assert set(compose_env()) <= used, f"unused in the compose files: {set(compose_env()) - used}"
+    # COMPOSE_* settings are read by Compose itself (COMPOSE_PROFILES), not by the files
+    settings = {k for k in compose_env() if not k.startswith("COMPOSE_")}
+    assert settings <= used, f"unused in the compose files: {settings - used}"
 
 
 def test_every_service_has_an_image_and_ours_build_from_the_dockerfile():
@@ -74,17 +77,69 @@ def test_every_service_has_an_image_and_ours_build_from_the_dockerfile():
     assert services["triton"]["image"].endswith("-py3")
 
 
+def mounts(service: dict) -> dict[str, str]:
+    """Container path -> host path of a service's bind mounts (short and long syntax)."""
+    out = {}
+    for spec in service.get("volumes", []):
+        if isinstance(spec, dict):
+            out[spec["target"]] = spec["source"]
+        else:
+            source, target = spec.split(":")[:2]
+            out[target] = source
+    return out
+
+
+def nginx_conf(service: dict) -> str:
+    """The service's conf.d file with the files it includes inlined, as nginx reads them."""
+    files = mounts(service)
+    text = (DEPLOY / files["/etc/nginx/conf.d/default.conf"]).read_text()
+    return re.sub(r"include (\S+);", lambda m: (DEPLOY / files[m.group(1)]).read_text(), text)
+
+
 def test_workers_scale_no_fixed_name_or_host_port_and_one_gateway_in_front():
     services = compose()["services"]
     worker = services["worker"]
     assert "container_name" not in worker and "ports" not in worker
     assert not any("container_name" in s for s in services.values())
-    conf = compose()["configs"]["gateway-conf"]["content"]
     port = service_env(worker)["SERVING_WORKER_PORT"]
-    assert f"set $workers worker:{port};" in conf and "proxy_pass http://$workers;" in conf
-    assert "resolver 127.0.0.11" in conf, "re-resolve so added replicas get traffic"
-    listen = re.search(r"listen (\d+);", conf).group(1)
-    assert services["gateway"]["ports"] == [f"{compose_env()['WORKER_GATEWAY_PORT']}:{listen}"]
+    for name in ("gateway", "gateway-http"):
+        conf = nginx_conf(services[name])
+        assert f"set $workers worker:{port};" in conf and "proxy_pass http://$workers;" in conf
+        assert "resolver 127.0.0.11" in conf, "re-resolve so added replicas get traffic"
+        assert "proxy_set_header X-Forwarded-Proto $scheme;" in conf
+    grpc_port = service_env(worker)["SERVING_WORKER_GRPC_PORT"]
+    conf = nginx_conf(services["gateway"])
+    assert f"set $grpc_workers worker:{grpc_port};" in conf and "grpc_pass grpc://$grpc_workers;" in conf
+    assert conf.count("resolver 127.0.0.11") == 2  # each server block re-resolves
+    assert grpc_port in worker["expose"]
+
+
+def test_the_gateway_serves_https_only_and_plain_http_only_when_asked():
+    services = compose()["services"]
+    gateway = services["gateway"]
+    conf = nginx_conf(gateway)
+    servers = conf.split("server {")[1:]
+    assert [re.findall(r"listen ([^;]+);", s) for s in servers] == [["9090 ssl"], ["9443 ssl http2"]]
+    assert gateway["ports"] == [f"{compose_env()['WORKER_GATEWAY_PORT']}:9090",
+                                f"{compose_env()['WORKER_GATEWAY_GRPC_PORT']}:9443"]
+    files = mounts(gateway)
+    for server in servers:  # each with the mounted certificate and key
+        cert = re.search(r"ssl_certificate (\S+);", server).group(1)
+        key = re.search(r"ssl_certificate_key (\S+);", server).group(1)
+        assert files[cert] == compose_env()["GATEWAY_TLS_CERT"] and files[key] == compose_env()["GATEWAY_TLS_KEY"]
+        assert re.search(r"ssl_protocols TLSv1\.2 TLSv1\.3;", server)
+    for spec in gateway["volumes"]:
+        if isinstance(spec, dict):  # a missing certificate fails the start, never becomes a directory
+            assert spec["bind"]["create_host_path"] is False and spec["read_only"] is True, spec
+    # the one other service in front of the workers is plain HTTP behind a profile, on loopback
+    # unless the setting says otherwise
+    fronts = {n for n, s in services.items() if "/etc/nginx/conf.d/default.conf" in mounts(s)}
+    assert fronts == {"gateway", "gateway-http"}
+    plain = services["gateway-http"]
+    assert plain["profiles"] == ["plain-http"] and compose_env()["COMPOSE_PROFILES"] == ""
+    assert re.findall(r"listen ([^;]+);", nginx_conf(plain)) == ["9080"]
+    assert plain["ports"] == [f"{compose_env()['WORKER_GATEWAY_HTTP_PORT']}:9080"]
+    assert compose_env()["WORKER_GATEWAY_HTTP_PORT"].startswith("127.0.0.1:")
 
 
 def test_state_lives_on_named_volumes():
@@ -97,10 +152,10 @@ def test_state_lives_on_named_volumes():
     for name, path in state.items():
         sources = [v.split(":")[0] for v in doc["services"][name]["volumes"] if v.split(":")[1] == path]
         assert sources and sources[0] in declared, (name, path)
+    generated = {compose_env()["GATEWAY_TLS_CERT"], compose_env()["GATEWAY_TLS_KEY"]}  # by init-env.sh
     for svc in doc["services"].values():
-        for spec in svc.get("volumes", []):
-            source = spec.split(":")[0]
-            assert source in declared or (DEPLOY / source).exists(), f"missing {source}"
+        for source in mounts(svc).values():
+            assert source in declared | generated or (DEPLOY / source).exists(), f"missing {source}"
 
 
 def test_kafka_runs_in_kraft_mode():
@@ -133,8 +188,9 @@ def test_prometheus_scrapes_statistics_and_triton_with_the_alerts_job_name():
         assert (DEPLOY / mounts[rule_file]).resolve() == (DEPLOY / "prometheus" / "alerts.yml").resolve()
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian: prometheus) not installed")
 def test_promtool_accepts_the_prometheus_config_and_rules(tmp_path: Path):
+    if shutil.which("promtool") is None:
+        cannot_run("promtool (Debian: prometheus, which scripts/setup.sh installs) is not installed")
     config = (DEPLOY / "prometheus" / "prometheus.yml").read_text()
     shutil.copy(DEPLOY / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
     (tmp_path / "prometheus.yml").write_text(config.replace("/etc/prometheus/alerts.yml", "alerts.yml"))
