@@ -57,6 +57,7 @@ class WorkerSettings(CommonSettings):
     worker_cache: Path | None = None
     max_body_bytes: int = 1_048_576
     triton_grpc_url: str = "127.0.0.1:8001"
+    triton_loader_url: str = "http://127.0.0.1:8003"  # embedded Triton's load-on-demand endpoint (memory budget)
     kafka_bootstrap_servers: str | None = None
     kafka_topic: str = "serving-statistics"
     statistics_host: str = "127.0.0.1"
@@ -94,6 +95,8 @@ class TritonSettings(CommonSettings):
     triton_metrics_port: int = 8002
     triton_host: str = "127.0.0.1"
     triton_ort_threads: int = 0      # embedded triton: onnxruntime intra-op threads per model; 0: cores
+    triton_memory_budget_mb: int = 0  # embedded triton: models' memory (stubs' RSS); 0: no budget, all loaded
+    triton_loader_port: int = 8003    # embedded triton: load-on-demand endpoint for workers (with a budget)
 
 
 class StatisticsSettings(CommonSettings):

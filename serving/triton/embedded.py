@@ -31,9 +31,13 @@ from typing import Any, Callable
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
+from serving.credentials import worker_token
 from serving.readiness_report import ReadinessReporter, process_id
 from serving.ort import session as ort_session
 from serving.settings import TritonSettings
+from serving.triton.budget import MB, MemoryBudget
+from serving.triton.loader import ModelLoader
+from serving.triton.loader_http import LoaderServer
 from serving.triton.python_backend import (
     ACCESS_HEADER, has_gpu, instance_layout, server_command, start_server, write_entry,
 )
@@ -155,6 +159,21 @@ class ModelBinder:
         self.failures: dict[str, str] = {}  # triton name -> why its last load failed (readiness report)
         self.unwanted_since: dict[str, float] = {}  # loaded, no longer deployed: unloaded after a grace
         self.reporter: ReadinessReporter | None = None
+        self.loader: ModelLoader | None = None  # memory budget: models load on demand (serving/triton/loader.py)
+
+    def use_budget(self, limit_bytes: int, known_good: dict[str, str]) -> ModelLoader:
+        """Hold models within ``limit_bytes``: each is loaded once when deployed (admission), then
+        unloaded and loaded again on demand by the loader; ``bound`` then means admitted."""
+        def full(name: str) -> int:
+            target = self.wanted[name]
+            return instance_layout(int(target.batching.get("instances") or 1), self.ort_threads, gpu=self.gpu)[0]
+
+        def check(name: str) -> None:
+            ort_session(self.artifact_path(self.wanted[name].artifact), 1)
+
+        self.loader = ModelLoader(self.http_url, self.headers, self.server.pid, MemoryBudget(limit_bytes),
+                                  lambda name, n: self._write(self.wanted[name], n), full, check, known_good)
+        return self.loader
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         """ConfigSubscriber callback: never raises, a bad target must not block the others."""
@@ -204,8 +223,9 @@ class ModelBinder:
         return httpclient.InferenceServerClient(self.http_url, network_timeout=timeout, connection_timeout=timeout)
 
     def _lost(self) -> list[str]:
-        """Loaded models Triton's repository index does not show READY."""
-        if not self.bound:
+        """Loaded models Triton's repository index does not show READY (with a budget, the loader
+        tells cold models from lost ones itself)."""
+        if not self.bound or self.loader is not None:
             return []
         client = self._client(5.0)
         try:
@@ -245,11 +265,15 @@ class ModelBinder:
     def _load(self, target: TritonTarget) -> None:
         """Write the model's repository entry; load it when new, changed or lost (a load of a
         loaded model makes Triton swap in the new files)."""
-        onnx_path = self.artifact_path(target.artifact)
+        if self.loader is not None:  # memory budget: admitted once (loaded, measured), then on demand
+            changed = self._write(target, self.loader.instances(target.name))
+            if changed or self.bound.get(target.name) != target.artifact:
+                self.loader.admit(target.name, target.artifact)
+                self.bound[target.name] = target.artifact
+            return
         instances, threads = instance_layout(int(target.batching.get("instances") or 1), self.ort_threads,
                                              gpu=self.gpu)
-        changed = write_entry(self.repo_dir, target, onnx_path, self._signature(target, onnx_path), threads,
-                              instances)
+        changed = self._write(target, instances, threads)
         if not changed and self.bound.get(target.name) == target.artifact:
             return
         client = self._client(120.0)
@@ -261,7 +285,16 @@ class ModelBinder:
         log.info("loaded %s (artifact %s, %d instance(s) x %d onnxruntime thread(s))",
                  target.name, target.artifact[:12], instances, threads)
 
+    def _write(self, target: TritonTarget, instances: int, threads: int | None = None) -> bool:
+        """Write (or refresh) the model's repository entry; whether anything changed."""
+        onnx_path = self.artifact_path(target.artifact)
+        threads = threads or self.ort_threads or max(1, (os.cpu_count() or 1) // instances)
+        return write_entry(self.repo_dir, target, onnx_path, self._signature(target, onnx_path), threads,
+                           instances)
+
     def _unload(self, name: str) -> None:
+        if self.loader is not None:
+            self.loader.forget(name)
         client = self._client(60.0)
         try:
             client.unload_model(name, headers=self.headers)
@@ -300,6 +333,8 @@ def _serve(stop: threading.Event, binder: ModelBinder) -> bool:
             return True
         if time.monotonic() - last_reconcile >= RECONCILE_PERIOD_S:
             binder.reconcile()
+            if binder.loader is not None:
+                binder.loader.refresh()  # budget: Triton's view, memory measured, instances by use
             last_reconcile = time.monotonic()
     return False
 
@@ -328,8 +363,9 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
         clean_stale()
     threads = ort_threads or settings.triton_ort_threads or None
     deaths: list[float] = []
+    known_good: dict[str, str] = {}  # budget: models that loaded fine, still loadable after a restart
     try:
-        while _run_once(settings, stop, threads, own_process):
+        while _run_once(settings, stop, threads, own_process, known_good):
             now = time.monotonic()
             deaths = [t for t in deaths if now - t < RESTART_WINDOW_S] + [now]
             if not restart or len(deaths) >= MAX_RESTARTS or stop.is_set():
@@ -372,7 +408,8 @@ def _stop_server(server: subprocess.Popen, grace_s: float) -> None:
             server.wait(grace_s)
 
 
-def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | None, own_process: bool) -> bool:
+def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | None, own_process: bool,
+              known_good: dict[str, str]) -> bool:
     """One tritonserver's life; True if it died under us."""
     # Unique path: two servers on one box must never share a repository (clean_stale keys on the pid).
     workspace = Path(tempfile.gettempdir()) / f"{WORKSPACE_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -385,6 +422,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
     server = start_server(command)
     subscriber: ConfigSubscriber | None = None
     binder: ModelBinder | None = None
+    loader_server: LoaderServer | None = None
     died = False
     try:
         if not _wait_live(server, http_url, stop):
@@ -392,6 +430,12 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache",
                                   shared_dir=settings.resolved_artifact_dir())
         binder = ModelBinder(server, repo_dir, fetcher.path, threads, http_url, command.token)
+        if settings.triton_memory_budget_mb > 0:
+            loader = binder.use_budget(settings.triton_memory_budget_mb * MB, known_good)
+            loader_server = LoaderServer(loader, host, settings.triton_loader_port,
+                                         lambda: worker_token(settings)).start()
+            log.info("memory budget %d MB: models load on demand (loader on port %d)",
+                     settings.triton_memory_budget_mb, settings.triton_loader_port)
         binder.reporter = ReadinessReporter(settings.control_plane_url, process_id("triton"), binder.readiness,
                                             kind="triton").start()
         subscriber = ConfigSubscriber(settings.control_plane_url, binder.apply,
@@ -399,6 +443,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         log.info("embedded triton ready: grpc %s:%s http %s", host, settings.triton_grpc_port, http_url)
         died = _serve(stop, binder)
     finally:
+        if loader_server is not None:
+            loader_server.close()
         if subscriber is not None:
             subscriber.stop()
         if binder is not None:

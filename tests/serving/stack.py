@@ -79,7 +79,7 @@ class Stack:
 
 
 def make_stack(home: Path, workers: int = 2) -> Stack:
-    ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats")}
+    ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats", "loader")}
     inherited = {k: v for k, v in os.environ.items()  # tokens come from the control plane's files under home
                  if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN")}
     env = {
@@ -89,6 +89,8 @@ def make_stack(home: Path, workers: int = 2) -> Stack:
         "SERVING_TRITON_HTTP_PORT": str(ports["http"]), "SERVING_TRITON_GRPC_PORT": str(ports["grpc"]),
         "SERVING_TRITON_METRICS_PORT": str(ports["metrics"]),
         "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{ports['grpc']}",
+        "SERVING_TRITON_LOADER_PORT": str(ports["loader"]),
+        "SERVING_TRITON_LOADER_URL": f"http://127.0.0.1:{ports['loader']}",
         "SERVING_STATISTICS_PORT": str(ports["stats"]),
         "PYTHONUNBUFFERED": "1",
     }

@@ -17,11 +17,13 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from serving.triton.loader_client import ColdLoadError, LoaderClient
 from serving.worker.batcher import MicroBatcher
 from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable, brief
 from serving.worker.runtime import Target
 
 _MODEL_MISSING = ("unknown model", "is not ready", "not found", "no version is available")
+COLD_TRIES = 3  # calls of a request whose model is cold under the memory budget (each after a load)
 _UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "failed to connect", "Socket closed")
 
 
@@ -39,8 +41,10 @@ def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
 class TritonEngine:
     kind = "tensors"  # the data plane matches preprocess output to the model signature first
 
-    def __init__(self, url: str, timeout_s: float = 30.0, batching: bool = True) -> None:
+    def __init__(self, url: str, timeout_s: float = 30.0, batching: bool = True,
+                 loader: LoaderClient | None = None) -> None:
         self.url = url
+        self.loader = loader  # the embedded Triton's load-on-demand endpoint (memory budget)
         self.timeout_s = timeout_s
         self.batching = batching  # merge concurrent requests in the worker (serving/worker/batcher.py)
         self._client: grpc_aio.InferenceServerClient | None = None
@@ -83,6 +87,29 @@ class TritonEngine:
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     async def _call(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One Triton call. A model cold under the embedded Triton's memory budget is loaded on
+        demand (the request waits for the load) and the call made again: the model may be unloaded
+        once more between the load and the call when the budget is tight, hence a few tries."""
+        for attempt in range(COLD_TRIES):
+            try:
+                return await self._call_once(target, inputs)
+            except ModelNotReady:
+                if attempt + 1 == COLD_TRIES or not await self._load_cold(target):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _load_cold(self, target: Target) -> bool:
+        """True once the loader has the model loaded; False when it knows no such model (no
+        budget: the model is simply not loaded yet)."""
+        if self.loader is None:
+            return False
+        try:
+            return await self.loader.ensure(target.triton_name, self.timeout_s)
+        except ColdLoadError as exc:
+            raise Unavailable(f"model {target.triton_name} is cold and could not be loaded now: {exc}",
+                              retry_after_s=int(exc.retry_after_s or 1)) from None
+
+    async def _call_once(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = []
         for name, array in inputs.items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
@@ -101,9 +128,11 @@ class TritonEngine:
 
     async def ready(self, target: Target) -> bool:
         try:
-            return bool(await self.client().is_model_ready(target.triton_name, client_timeout=2.0))
+            if await self.client().is_model_ready(target.triton_name, client_timeout=2.0):
+                return True
         except Exception:
             return False
+        return self.loader is not None and await self.loader.aloadable(target.triton_name)  # cold: loads on demand
 
     def is_ready(self, target: Target) -> bool:
         """Readiness gate (serving/worker/gate.py): has Triton loaded this model? Called from the
@@ -115,15 +144,23 @@ class TritonEngine:
                 self._sync_client = grpc_sync.InferenceServerClient(self.url)
             client = self._sync_client
         try:
-            return bool(client.is_model_ready(target.triton_name, client_timeout=2.0))
+            if client.is_model_ready(target.triton_name, client_timeout=2.0):
+                return True
         except Exception:
             return False
+        # cold under the embedded Triton's memory budget: loaded on demand, so ready to take traffic
+        return self.loader is not None and self.loader.loadable(target.triton_name)
 
     async def close(self) -> None:
+        if self.loader is not None:
+            await self.loader.close()
         if self._client is not None:
             await self._client.close()
             self._client = None
 
 
 def create(settings: Any, artifact_path: Any) -> TritonEngine:
-    return TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching)
+    from serving.credentials import worker_token
+
+    loader = LoaderClient(settings.triton_loader_url, lambda: worker_token(settings))
+    return TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching, loader)

@@ -1,0 +1,147 @@
+"""Many models under a memory budget: the embedded Triton holds only what fits, a cold model
+costs its load time on its first request and never an error, and every answer is the model's own.
+
+Real processes on loopback sockets: control plane, `serving triton` with
+SERVING_TRITON_MEMORY_BUDGET_MB, one worker. Six distinct tiny classifiers behind six Triton
+endpoints, under a budget that fits two (a stub process of the tiny model holds about 100 MB
+RSS here). A watcher samples Triton's own repository index and the stubs' memory (psutil)
+throughout, independently of the loader's accounting.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from serving.triton.budget import MB, MemoryBudget
+from tests.serving.stack import make_stack
+from tests.serving.triton.budget_stack import (
+    Watch, deploy, direct_logits, feeds, loader_status, triton_process, v2_body, v2_logits, variants, wait_admitted,
+)
+
+BUDGET_MB = 230  # two tiny-model stubs (about 100 MB RSS each), never three
+MODELS = 6
+
+
+# --- the policy alone ---------------------------------------------------------------------------
+
+def _budget(**loaded: tuple[int, float]) -> MemoryBudget:
+    """A budget of 300 bytes holding models name=(bytes, last used)."""
+    budget = MemoryBudget(300, idle_s=2.0)
+    for name, (size, used) in loaded.items():
+        m = budget.model(name)
+        m.state, m.instances, m.last_used = "loaded", 1, used
+        budget.record(name, size)
+    return budget
+
+
+def test_least_recently_used_idle_models_make_room():
+    budget = _budget(a=(100, 10.0), b=(100, 5.0), c=(100, 20.0))
+    assert budget.victims(50, now=100.0, keep={"new"}) == ["b"]  # oldest first, only as many as needed
+    assert budget.victims(250, now=100.0, keep={"new"}) == ["b", "a", "c"]
+    assert _budget(a=(100, 10.0)).victims(150, now=100.0, keep={"new"}) == []  # fits already
+
+
+def test_busy_and_protected_models_are_never_unloaded():
+    budget = _budget(a=(150, 99.5), b=(150, 10.0))  # a used half a second ago: busy
+    assert budget.victims(100, now=100.0, keep={"new"}) == ["b"]
+    assert budget.victims(200, now=100.0, keep={"new"}) is None  # only by unloading a busy one: wait
+    budget.models["b"].protected_until = 101.0  # just loaded for a waiting request
+    assert budget.victims(100, now=100.0, keep={"new"}) is None
+
+
+def test_a_model_larger_than_the_budget_still_loads_alone():
+    budget = _budget(a=(100, 10.0))
+    assert budget.victims(500, now=100.0, keep={"big"}) == ["a"]
+
+
+def test_estimates_come_from_measurements():
+    budget = MemoryBudget(10 * MB)
+    assert budget.estimate("x", 1) > 0  # nothing measured yet: the default
+    budget = _budget(a=(120, 1.0))
+    assert budget.estimate("new", 2) == 240  # another model's measured instance
+    budget.models["a"].state = "cold"
+    budget.record("a", 0)
+    assert budget.used() == 0 and budget.estimate("a", 1) == 120  # cold: holds nothing, keeps its measure
+
+
+# --- real processes -----------------------------------------------------------------------------
+
+def _walk(url: str, names: list[str], wanted: list[np.ndarray], order: list[int], seed: int,
+          results: list[tuple[str, int, float, str]]) -> None:
+    with httpx.Client(timeout=120) as client:
+        for k in order:
+            inputs = feeds(seed)
+            t0 = time.perf_counter()
+            r = client.post(f"{url}/v2/models/{names[k]}/infer", json=v2_body(inputs))
+            elapsed = time.perf_counter() - t0
+            if r.status_code == 200:
+                got = v2_logits(r.json())
+                ok = np.allclose(got, wanted[k], atol=1e-4)
+                results.append((names[k], 200 if ok else -1, elapsed, "" if ok else f"{got} != {wanted[k]}"))
+            else:
+                results.append((names[k], r.status_code, elapsed, r.text[:300]))
+
+
+@pytest.mark.timeout(900)
+def test_walk_over_more_models_than_fit_holds_the_budget(tmp_path, tiny_model):
+    paths = variants(tiny_model.onnx_path, MODELS, tmp_path / "variants")
+    inputs = feeds(7)
+    wanted = direct_logits(paths, inputs)
+    assert not np.allclose(wanted[0], wanted[1], atol=1e-3)  # the variants answer differently
+    (tmp_path / "home").mkdir()
+    stack = make_stack(tmp_path / "home", workers=1)
+    stack.env["SERVING_TRITON_MEMORY_BUDGET_MB"] = str(BUDGET_MB)
+    report: dict[str, object] = {}
+    try:
+        stack.start_control_plane()
+        stack.start_triton()
+        stack.start_worker(0)
+        names = deploy(stack, paths)
+        report["admission s"] = round(wait_admitted(stack, names, timeout=400), 1)
+        url = stack.worker_url(0)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the worker's readiness gate has seen every endpoint as loadable
+            states = httpx.get(f"{url}/status", timeout=10).json()["readiness"]
+            if all(states.get(n, {}).get("state") == "ready" for n in names):
+                break
+            time.sleep(0.2)
+        assert all(states.get(n, {}).get("state") == "ready" for n in names), states
+
+        server, http, token = triton_process(stack)
+        results: list[tuple[str, int, float, str]] = []
+        with Watch(server, http, token) as watch:
+            order = list(range(MODELS))
+            for _ in range(2):  # one client walking every model, twice: each step finds its model cold
+                _walk(url, names, [wanted[k] for k in range(MODELS)], order, 7, results)
+            # three clients at once, in different orders: loads queue behind each other and behind busy models
+            walkers = [threading.Thread(target=_walk, args=(url, names, wanted, order[i:] + order[:i], 7, results))
+                       for i in (0, 2, 4)]
+            for w in walkers:
+                w.start()
+            for w in walkers:
+                w.join(600)
+            status = loader_status(stack)
+
+        bad = [r for r in results if r[1] != 200]
+        assert not bad, bad
+        assert len(results) == 2 * MODELS + 3 * MODELS
+        assert watch.samples > 20
+        assert watch.max_held <= 2, f"Triton held {watch.max_held} models at once under a budget that fits 2"
+        assert watch.max_stub_bytes <= BUDGET_MB * MB, watch.max_stub_bytes / MB
+        assert watch.ever_ready >= {f"{n}_v1" for n in names}  # every model was loaded and unloaded in turn
+        assert status["used_bytes"] <= status["budget_bytes"] == BUDGET_MB * MB
+        held = [n for n, m in status["models"].items() if m["state"] == "loaded"]
+        assert 1 <= len(held) <= 2 and all(m["loadable"] for m in status["models"].values())
+        times = sorted(r[2] for r in results)
+        report.update({"requests": len(results), "max models held": watch.max_held,
+                       "max stub RSS MB": round(watch.max_stub_bytes / MB), "median s": round(times[len(times) // 2], 3),
+                       "slowest s": round(times[-1], 2)})
+    finally:
+        print("measured:", report)
+        stack.stop_all()
+    log = (stack.home / "triton.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
