@@ -37,7 +37,7 @@ def scraped(prom: Prometheus, stats_service: Service) -> set[str]:
     """Sample names of a real scrape once every metric family has data, as seen by Prometheus too."""
     run_workers(stats_service.env, [("dash-e", 1, 200, "reference", 51)])
     run_workers(stats_service.env, [("dash-e", 1, 60, "shifted", 52), ("dash-e", 2, 60, "reference", 53),
-                                    ("dash-e", 3, 40, "shadow", 54)])
+                                    ("dash-e", 3, 40, "shadow", 54), ("dash-e", 1, 40, "keys", 55)])
     prom.wait_for('count(serving_drift_psi{endpoint="dash-e"})', lambda v: v >= 3)
     names = {s.name for f in text_string_to_metric_families(stats_service.metrics()) for s in f.samples}
     in_prometheus = prom.metric_names()

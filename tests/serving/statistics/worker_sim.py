@@ -40,7 +40,7 @@ def text_for(rng: random.Random, dist: str) -> tuple[str, str]:
 def make_events(endpoint: str, version: int, count: int, dist: str, seed: int) -> list[dict[str, Any]]:
     """``count`` requests: every 10th fails with 500; custom variables from the text.
     ``dist`` "shadow": copies served by shadow ``version`` (of live version 1): reference texts,
-    3 in 4 agreeing with the live answer, every 20th dropped."""
+    3 in 4 agreeing with the live answer, every 20th dropped. ``dist`` "keys": see :func:`keyed_events`."""
     if dist == "shadow":
         events = make_events(endpoint, version, count, "reference", seed)
         rng = random.Random(seed)
@@ -48,6 +48,8 @@ def make_events(endpoint: str, version: int, count: int, dist: str, seed: int) -
             event["shadow"] = ({"live_version": 1, "dropped": True} if i % 20 == 19 else
                                {"live_version": 1, "agree": i % 4 != 0, "mad": round(rng.uniform(0, 0.5), 4)})
         return events
+    if dist == "keys":
+        return keyed_events(endpoint, version, count, seed)
     rng = random.Random(seed)
     events = []
     for i in range(count):
@@ -59,6 +61,25 @@ def make_events(endpoint: str, version: int, count: int, dist: str, seed: int) -
             "stages": {"preprocess": pre, "inference": inf, "postprocess": post},
             "custom": {"tokens": len(text.split()), "label": label, "score": round(rng.random(), 3)},
         })
+    return events
+
+
+KEYS = ("web", "batch")
+
+
+def keyed_events(endpoint: str, version: int, count: int, seed: int) -> list[dict[str, Any]]:
+    """Requests of workers with client keys required: by key name, alternating, every 4th one of key
+    "batch" refused over its rate (429) and every 5th a request without a key (401)."""
+    events = make_events(endpoint, version, count, "reference", seed)
+    for i, event in enumerate(events):
+        if i % 5 == 4:
+            events[i] = {"endpoint": endpoint, "version": None, "status": 401, "latency_s": 0.0,
+                         "refused": "missing_key"}
+        elif i % 4 == 3:
+            events[i] = {"endpoint": endpoint, "version": None, "status": 429, "latency_s": 0.0,
+                         "refused": "rate", "key": "batch"}
+        else:
+            event["key"] = KEYS[i % 2]
     return events
 
 

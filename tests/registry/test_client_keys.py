@@ -1,0 +1,87 @@
+"""Data-plane client keys through a real control-plane process: the API (admin only), the CLI, what
+the config snapshot carries (the sha256, never the key), revocation, the audit log."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.registry.test_auth import make_token, stack  # noqa: F401 (the module's control plane)
+
+
+def test_create_list_revoke_and_the_snapshot(stack):  # noqa: F811
+    with stack.api() as admin:
+        r = admin.post("/client-keys", json={"name": "web", "endpoints": ["b", "a", "a"], "rate": 2.5})
+        assert r.status_code == 201, r.text
+        made = r.json()
+        key = made.pop("key")
+        assert re.fullmatch(r"sk_[0-9a-f]{64}", key)
+        assert made["endpoints"] == ["a", "b"] and made["rate"] == 2.5 and made["burst"] == 3  # one second's worth
+        assert admin.post("/client-keys", json={"name": "web"}).status_code == 409
+
+        snap = admin.get("/config").json()
+        assert snap["client_keys"]["web"] == {"sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                              "endpoints": ["a", "b"], "rate": 2.5, "burst": 3}
+        listed = admin.get("/client-keys").json()
+        assert [k["name"] for k in listed if k["name"] == "web"] == ["web"]
+        every_read = json.dumps(listed) + json.dumps(snap) + json.dumps(admin.get("/audit").json())
+        assert key not in every_read and key[3:] not in every_read
+
+        revision = snap["revision"]
+        assert admin.delete("/client-keys/web").json() == {"revoked": "web"}
+        snap = admin.get("/config").json()
+        assert "web" not in snap["client_keys"] and snap["revision"] > revision  # a push
+        assert [k["revoked"] for k in admin.get("/client-keys").json() if k["name"] == "web"] == [True]
+        assert admin.delete("/client-keys/nobody").status_code == 404
+
+        # a revoked key's name can be given a new key (rotation)
+        again = admin.post("/client-keys", json={"name": "web"}).json()
+        assert again["key"] != key and again["endpoints"] is None and again["rate"] is None
+        assert admin.get("/config").json()["client_keys"]["web"]["sha256"] == hashlib.sha256(
+            again["key"].encode()).hexdigest()
+
+        actions = [(e["action"], e["target"]) for e in admin.get("/audit", params={"limit": 10}).json()]
+        assert ("DELETE /client-keys/{name}", "web") in actions and ("POST /client-keys", "web") in actions
+
+
+@pytest.mark.parametrize("body,says", [
+    ({"name": "x", "burst": 5}, "burst needs a rate"),
+    ({"name": "x", "rate": 0}, "greater than 0"),
+    ({"name": "x", "rate": -1}, "greater than 0"),
+    ({"name": "x", "endpoints": []}, "name at least one"),
+    ({"name": "x", "endpoints": ["a/b"]}, "not an endpoint name"),
+    ({"name": "bad name"}, "key name"),
+    ({"name": "x", "rate": 1, "burst": 0}, "greater than or equal to 1"),
+])
+def test_bad_requests_name_what_is_wrong(stack, body, says):  # noqa: F811
+    with stack.api() as admin:
+        r = admin.post("/client-keys", json=body)
+    assert r.status_code == 422 and says in r.text, r.text
+
+
+def test_only_admins_manage_keys(stack):  # noqa: F811
+    deployer = make_token(stack, "deployer-for-keys", "deployer")
+    with httpx.Client(base_url=stack.control_plane, timeout=10) as c:
+        for method, path in (("GET", "/client-keys"), ("POST", "/client-keys"), ("DELETE", "/client-keys/x")):
+            assert c.request(method, path, json={"name": "x"}).status_code == 401
+            r = c.request(method, path, json={"name": "x"}, headers=deployer)
+            assert r.status_code == 403 and "needs role admin" in r.json()["detail"], r.text
+
+
+def test_cli(stack):  # noqa: F811
+    made = stack.cli("key", "create", "--name", "cli-key", "--endpoints", "sentiment, other", "--rate", "10",
+                     "--burst", "20")
+    key = made.stdout.strip()  # stdout holds the key alone, so KEY=$(serving key create ...) works
+    assert re.fullmatch(r"sk_[0-9a-f]{64}", key), made.stdout
+    assert "shown only now" in " ".join(made.stderr.split())
+    listed = json.loads(stack.cli("key", "list", "--json").stdout)
+    row = next(k for k in listed if k["name"] == "cli-key")
+    assert row["endpoints"] == ["other", "sentiment"] and row["rate"] == 10 and row["burst"] == 20
+    assert key not in stack.cli("key", "list").stdout
+    stack.cli("key", "revoke", "--name", "cli-key")
+    assert "cli-key" not in httpx.get(f"{stack.control_plane}/config", headers=stack.headers()).json()["client_keys"]
+    failed = stack.cli("key", "revoke", "--name", "cli-key-nobody", check=False)
+    assert failed.returncode != 0 and "no client key named cli-key-nobody" in failed.stdout + failed.stderr
