@@ -19,8 +19,7 @@ from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
 from serving.worker.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from serving.worker.frontends.serve_rest import parse_version
-from serving.worker.frontends.v2_models import (SERVER_METADATA, check_model_ready, check_server_ready,
-                                                metadata_target, model_metadata)
+from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, metadata_target, model_metadata
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -128,3 +128,13 @@ def ort_direct(path: Path, feeds: dict[str, np.ndarray], outputs: list[str]) -> 
     plain = {k: np.array([b.decode() for b in v.ravel()], dtype=object).reshape(v.shape) if v.dtype == np.object_
              else v for k, v in feeds.items()}
     return ort.InferenceSession(str(path)).run(outputs, plain)
+
+
+def tensor_inputs(module, feeds: dict[str, np.ndarray]) -> list:
+    inputs = []
+    for name, array in feeds.items():
+        datatype = "BYTES" if array.dtype == np.object_ else {"float32": "FP32", "int64": "INT64"}[str(array.dtype)]
+        tensor = module.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs

@@ -19,7 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from registry.artifacts import ArtifactStore
 from registry.signature import onnx_signature
-from tests.serving.worker.grpc_worker import ort_direct, run_worker, tensor_feeds, tensor_model, tensor_spec
+from tests.serving.worker.grpc_worker import (ort_direct, run_worker, tensor_feeds, tensor_inputs, tensor_model,
+                                              tensor_spec)
 from tests.serving.worker.support import endpoint_spec, snapshot
 from tests.serving.worker.test_serve_rest import direct
 from tests.serving.worker.test_v2 import TEXT, tokens
@@ -59,16 +60,6 @@ def client(worker):
     c = grpcclient.InferenceServerClient(worker.grpc)
     yield c
     c.close()
-
-
-def tensor_inputs(module, feeds: dict[str, np.ndarray]) -> list:
-    inputs = []
-    for name, array in feeds.items():
-        datatype = "BYTES" if array.dtype == np.object_ else {"float32": "FP32", "int64": "INT64"}[str(array.dtype)]
-        tensor = module.InferInput(name, list(array.shape), datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 def test_sync_client_on_a_tokenizer_endpoint_matches_onnxruntime(client, tiny_model):

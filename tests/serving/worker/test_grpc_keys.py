@@ -13,7 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from registry.artifacts import ArtifactStore
 from serving.credentials import secret_sha256
-from tests.serving.worker.grpc_worker import run_worker, tensor_feeds, tensor_model, tensor_spec
+from tests.serving.worker.grpc_worker import run_worker, tensor_feeds, tensor_inputs, tensor_model, tensor_spec
 from tests.serving.worker.support import snapshot
 
 OPEN, SCOPED, SLOW = (f"sk_{secrets.token_hex(32)}" for _ in range(3))
@@ -34,11 +34,7 @@ def worker(tmp_path_factory):
 
 
 def inputs() -> list:
-    feeds = tensor_feeds()
-    tensors = [grpcclient.InferInput("x", [2, 3], "FP32"), grpcclient.InferInput("s", [2], "BYTES")]
-    tensors[0].set_data_from_numpy(feeds["x"])
-    tensors[1].set_data_from_numpy(feeds["s"])
-    return tensors
+    return tensor_inputs(grpcclient, tensor_feeds())
 
 
 def call(client, endpoint: str, key: str | None):

@@ -14,7 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from registry.artifacts import ArtifactStore
-from tests.serving.worker.grpc_worker import run_worker, tensor_feeds, tensor_model, tensor_spec, wait_processes
+from tests.serving.worker.grpc_worker import (run_worker, tensor_feeds, tensor_inputs, tensor_model, tensor_spec,
+                                              wait_processes)
 from tests.serving.worker.support import snapshot
 
 CONNECTIONS = 16
@@ -31,11 +32,7 @@ def worker(tmp_path_factory):
 
 
 def grpc_inputs() -> list:
-    feeds = tensor_feeds()
-    inputs = [grpcclient.InferInput("x", [2, 3], "FP32"), grpcclient.InferInput("s", [2], "BYTES")]
-    inputs[0].set_data_from_numpy(feeds["x"])
-    inputs[1].set_data_from_numpy(feeds["s"])
-    return inputs
+    return tensor_inputs(grpcclient, tensor_feeds())
 
 
 def assert_shared(per_process: dict[int, int]) -> None:
