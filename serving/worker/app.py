@@ -24,7 +24,7 @@ from serving.worker.dataplane import DataPlane, Recorder
 from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response
-from serving.worker.frontends.serve_rest import ServeRoute, error_response, serve_router
+from serving.worker.frontends.serve_rest import ServeRoute, error_response, openapi_paths
 from serving.worker.frontends.v2 import v2_router
 from serving.worker.pipeline import RequestSender
 
@@ -81,6 +81,20 @@ class LastResort:
             await send({"type": "http.response.body", "body": body})
 
 
+def _document_serve_paths(app: FastAPI) -> None:
+    """The OpenAPI document: FastAPI's routes plus ServeRoute's paths (serve_rest.openapi_paths)."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema["paths"] = {**openapi_paths(), **schema.get("paths", {})}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _start_recorder(settings: WorkerSettings, sync: ConfigSync) -> Any:
     from serving.statistics.recorder import recorder_from_settings
 
@@ -129,7 +143,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     counts: dict[str, int] = {"internal_errors": 0}
     app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(LastResort, counts=counts)  # added last: outside ServeRoute
-    app.include_router(serve_router(dataplane, settings.max_body_bytes))
+    _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
 
     @app.get("/status")

@@ -1,18 +1,18 @@
 """ClearML-Serving-shaped REST: ``POST /serve/{endpoint}`` and ``/serve/{endpoint}/{version}``.
 
-Two doors to one handler (``serve``): the FastAPI routes, which describe the API in the OpenAPI
-document, and ``ServeRoute``, an ASGI layer in front of FastAPI's router that takes exactly the
-requests those routes would (POST, one or two non-empty path segments after ``/serve/``) and
-answers them without FastAPI's routing, dependency solving and middleware passes, about a third
-of the worker's CPU per request on an echo endpoint (docs/benchmarks.md, W0). Anything else
-goes on to FastAPI unchanged.
+One door: ``ServeRoute``, an ASGI layer in front of FastAPI's router, takes exactly the requests
+its path templates (``SERVE_PATHS``) match and answers them without FastAPI's routing,
+dependency solving and middleware passes, about a third of the worker's CPU per request on an
+echo endpoint (docs/benchmarks.md, W0). The OpenAPI document's description of these paths is
+generated from the same templates (``openapi_paths``), so what is served and what is documented
+cannot drift apart. Anything else goes on to FastAPI unchanged.
 """
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
@@ -24,7 +24,19 @@ ROUTING_HEADER = "X-Routing-Key"
 
 
 MAX_VERSION = 2**31 - 1  # as in the registry
-SERVE_PATH = re.compile(r"/serve/([^/]+)(?:/([^/]+))?")  # the routes' {endpoint} and {version}: [^/]+
+# The served paths; each {parameter} is one non-empty path segment.
+SERVE_PATHS = {
+    "/serve/{endpoint}": "Infer with the endpoint's routing (canary weights, X-Routing-Key)",
+    "/serve/{endpoint}/{version}": "Infer with one model version of the endpoint",
+}
+_PARAMETER = re.compile(r"\{(\w+)\}")
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    return re.compile(_PARAMETER.sub(r"(?P<\1>[^/]+)", template))
+
+
+_MATCHERS = [_pattern(template) for template in SERVE_PATHS]
 
 
 def parse_version(text: str) -> int:
@@ -52,18 +64,36 @@ def error_response(exc: ServingError) -> Response:
     return json_response({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
-def serve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
-    router = APIRouter()
+def match_serve_path(path: str) -> tuple[str, str | None] | None:
+    """(endpoint, version or None) when ``path`` is one of ``SERVE_PATHS``."""
+    for matcher in _MATCHERS:
+        found = matcher.fullmatch(path)
+        if found is not None:
+            return found["endpoint"], found.groupdict().get("version")
+    return None
 
-    @router.post("/serve/{endpoint}", openapi_extra=SERVE_BODY)
-    async def serve_latest(endpoint: str, request: Request) -> Response:
-        return await serve(dataplane, max_body_bytes, request, endpoint, None)
 
-    @router.post("/serve/{endpoint}/{version}", openapi_extra=SERVE_BODY)
-    async def serve_version(endpoint: str, version: str, request: Request) -> Response:
-        return await serve(dataplane, max_body_bytes, request, endpoint, version)
-
-    return router
+def openapi_paths() -> dict[str, dict]:
+    """The OpenAPI description of ``SERVE_PATHS``, merged into the worker's document (app.py)."""
+    error = {"content": {"application/json": {"schema": {
+        "type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}}}}
+    paths = {}
+    for template, summary in SERVE_PATHS.items():
+        parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                      for name in _PARAMETER.findall(template)]
+        parameters.append({"name": ROUTING_HEADER, "in": "header", "required": False, "schema": {"type": "string"}})
+        responses = {"200": {"description": "The answer of the endpoint's postprocess",
+                             "headers": {VERSION_HEADER: {"schema": {"type": "integer"}}},
+                             "content": {"application/json": {"schema": {}}}}}
+        responses |= {code: {"description": why, **error} for code, why in (
+            ("401", "no valid client key"), ("403", "key outside its endpoints"), ("404", "unknown endpoint or version"),
+            ("413", "body too large"), ("415", "unsupported content type"), ("422", "input the endpoint cannot take"),
+            ("429", "over the key's rate"), ("503", "model or Triton not ready; see Retry-After"),
+            ("504", "user code past its deadline"))}
+        operation_id = "serve_" + "_".join(_PARAMETER.findall(template))
+        paths[template] = {"post": {"summary": summary, "operationId": operation_id, "parameters": parameters,
+                                    **SERVE_BODY, "responses": responses}}
+    return paths
 
 
 class ServeRoute:
@@ -79,11 +109,11 @@ class ServeRoute:
             root = scope.get("root_path", "")
             if root and path.startswith(root):
                 path = path[len(root):]
-            match = SERVE_PATH.fullmatch(path)
+            match = match_serve_path(path)
             if match is not None:
                 request = Request(scope, receive, send)
                 try:
-                    response = await serve(self.dataplane, self.max_body_bytes, request, *match.groups())
+                    response = await serve(self.dataplane, self.max_body_bytes, request, *match)
                 except ServingError as exc:
                     response = error_response(exc)
                 await response(scope, receive, send)
