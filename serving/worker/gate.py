@@ -8,7 +8,9 @@ swapped, atomically, in a new :class:`Config`. A brand-new endpoint has nothing 
 on, so it is installed at once and answers 503 with ``Retry-After`` until it is ready.
 
 Readiness is asked only of targets not known ready yet, so a config that changes one
-endpoint of 150 costs one check, and the push stays a few milliseconds.
+endpoint of 150 costs one check, and the push stays a few milliseconds; a brand-new endpoint's
+targets (all of them at a worker's start) are checked by the background thread, never on the
+config's path.
 """
 from __future__ import annotations
 
@@ -67,6 +69,12 @@ class ReadinessGate:
                 waiting.append(target)
         return tuple(waiting)
 
+    def unknown(self, ep: EndpointRuntime) -> tuple[Target, ...]:
+        """The targets not known ready, without asking the engine (no call on the config's path)."""
+        if getattr(self.engines.get(ep.engine), "is_ready", None) is None:
+            return ()
+        return tuple(t for t in ep.targets if _key(ep.engine, t) not in self._known)
+
     def retain(self, endpoints: Iterable[EndpointRuntime]) -> None:
         """Forget what left the config: a version removed and added back must be checked again
         (its engine may have unloaded it meanwhile)."""
@@ -84,18 +92,19 @@ def decide(gate: ReadinessGate, built: Mapping[str, EndpointRuntime], previous: 
     active: dict[str, EndpointRuntime] = {}
     pending: dict[str, Pending] = {}
     for name, ep in built.items():
-        waiting = gate.unready(ep)
         old = previous.get(name)
-        if not waiting:
+        if old is None:  # nothing to fall back on: routed now; the gate thread asks the engine later
             active[name] = ep
+            unknown = gate.unknown(ep)
+            if unknown:
+                pending[name] = Pending(ep, revision, installed=True, waiting=tuple(label(t) for t in unknown))
             continue
-        labels = tuple(label(t) for t in waiting)
-        if old is None:
-            active[name] = ep
-            pending[name] = Pending(ep, revision, installed=True, waiting=labels)
-        else:
+        waiting = gate.unready(ep)
+        if waiting:
             active[name] = old
-            pending[name] = Pending(ep, revision, waiting=labels)
+            pending[name] = Pending(ep, revision, waiting=tuple(label(t) for t in waiting))
+        else:
+            active[name] = ep
     return active, pending
 
 
