@@ -35,6 +35,7 @@ class LoadSpec:
     requests: int | None = None
     warmup_requests: int = 0
     timeout_s: float = 60.0
+    header: list[str] = field(default_factory=list)  # "Name: value", sent with every request
 
 
 @dataclass
@@ -47,10 +48,15 @@ class Phase:
     issued: int = 0
 
 
+def parse_headers(lines: list[str]) -> dict[str, str]:
+    pairs = (line.split(":", 1) for line in lines)
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
 async def _client(client: httpx.AsyncClient, spec: LoadSpec, bodies: list[bytes], start: int,
                   phase: Phase, stop_at: float | None, limit: int | None) -> None:
     i = start
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", **parse_headers(spec.header)}
     while True:
         if stop_at is not None and time.perf_counter() >= stop_at:
             return
@@ -134,6 +140,7 @@ def parse_args(argv: list[str] | None = None) -> LoadSpec:
     p.add_argument("--requests", type=int, default=None)
     p.add_argument("--warmup-requests", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=60.0)
+    p.add_argument("--header", action="append", default=[], help="'Name: value', sent with every request")
     return LoadSpec(**vars(p.parse_args(argv)))
 
 

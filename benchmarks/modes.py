@@ -27,9 +27,11 @@ class Mode:
 MODES: dict[str, Mode] = {
     "quick": Mode("quick", concurrency=(16,), warmup_s=1.5, duration_s=4.0, requests=None, warmup_requests=0,
                   ceiling_batch_sizes=(1, 8, 32), ceiling_seconds=1.5, corpus_size=256, workloads=("W0", "W1", "W2"),
-                  # quick leaves out the 2-worker and statistics-off stacks (a stack start-up each) and fusion
+                  # quick leaves out the 2-worker, statistics-off and client-keys stacks (a stack start-up
+                  # each) and fusion
                   skip=("platform-triton-nobatch-2w", "platform-triton-batch-2w", "platform-ort-2w",
-                        "platform-triton-batch-1w-nostats", "platform-ort-1w-nostats", "platform-ort-fusion-1w")),
+                        "platform-triton-batch-1w-nostats", "platform-ort-1w-nostats", "platform-ort-fusion-1w",
+                        "platform-echo-1w-keys")),
     "full": Mode("full", concurrency=(1, 8, 32), warmup_s=3.0, duration_s=8.0, requests=None,
                  warmup_requests=0, ceiling_batch_sizes=(1, 4, 8, 16, 32, 64), ceiling_seconds=4.0,
                  corpus_size=1024, workloads=("W0", "W1", "W2"), ceiling_repeats=3),

@@ -60,9 +60,10 @@ def load_level(target: Target, ctx: RunContext, concurrency: int) -> LevelResult
     mode = ctx.mode
     if mode.requests is None and wrk_load.available():
         return LevelResult.from_dict(wrk_load.run_level(target.url, target.payload, ctx.corpus_path, concurrency,
-                                                        mode.warmup_s, mode.duration_s))
+                                                        mode.warmup_s, mode.duration_s, headers=target.headers))
     args = [sys.executable, "-m", "benchmarks.loadgen", "--url", target.url, "--payload", target.payload,
             "--corpus", str(ctx.corpus_path), "--concurrency", str(concurrency)]
+    args += [a for name, value in target.headers.items() for a in ("--header", f"{name}: {value}")]
     if mode.requests is not None:
         args += ["--requests", str(mode.requests), "--warmup-requests", str(mode.warmup_requests)]
     else:

@@ -31,8 +31,10 @@ def available() -> bool:
     return shutil.which("wrk") is not None
 
 
-def _wrk(url: str, bodies: Path, concurrency: int, seconds: float, timeout_s: float) -> dict:
+def _wrk(url: str, bodies: Path, concurrency: int, seconds: float, timeout_s: float,
+         headers: dict[str, str] | None = None) -> dict:
     args = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, math.ceil(seconds))}s", f"--timeout={int(timeout_s)}s",
+            *(a for name, value in (headers or {}).items() for a in ("-H", f"{name}: {value}")),
             "-s", str(SCRIPT), url]
     out = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "WRK_BODIES": str(bodies)},
                          timeout=seconds + timeout_s + 30)
@@ -48,14 +50,14 @@ def _children_cpu() -> float:
 
 
 def run_level(url: str, payload: str, corpus: Path, concurrency: int, warmup_s: float, duration_s: float,
-              timeout_s: float = 60.0) -> dict:
+              timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> dict:
     """A warm-up run (discarded), then the measured one; a LevelResult as a dict."""
     with tempfile.NamedTemporaryFile("wb", suffix=".bodies", delete=False) as f:
         f.write(b"\n".join(encode_all(payload, read_corpus(corpus))) + b"\n")
     try:
-        warm = _wrk(url, Path(f.name), concurrency, warmup_s, timeout_s) if warmup_s > 0 else None
+        warm = _wrk(url, Path(f.name), concurrency, warmup_s, timeout_s, headers) if warmup_s > 0 else None
         cpu0 = _children_cpu()
-        data = _wrk(url, Path(f.name), concurrency, duration_s, timeout_s)
+        data = _wrk(url, Path(f.name), concurrency, duration_s, timeout_s, headers)
         cpu = _children_cpu() - cpu0
     finally:
         os.unlink(f.name)

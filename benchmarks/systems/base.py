@@ -32,6 +32,7 @@ class Target:
     payload: str
     procs: list[subprocess.Popen] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (a client key)
 
 
 @dataclass

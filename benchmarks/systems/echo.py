@@ -30,7 +30,10 @@ from benchmarks.workloads import CACHE_DIR
 SERVERS = Path(__file__).resolve().parent / "echo_servers"
 VENVS = CACHE_DIR / "venvs"
 WORKLOAD = "W0"
-PLATFORM_STACKS = (platform.Stack("echo-1w", 1, True, ()), platform.Stack("echo-2w", 2, True, ()))
+# echo-1w-keys: the same as echo-1w with client keys required, and a key scoped to the endpoint with a
+# rate it never reaches (every part of the check runs): the check's cost is the ratio of the two
+PLATFORM_STACKS = (platform.Stack("echo-1w", 1, True, ()), platform.Stack("echo-1w-keys", 1, True, (), client_keys=True),
+                   platform.Stack("echo-2w", 2, True, ()))
 
 
 # --- the platform -------------------------------------------------------------------------------
@@ -47,10 +50,19 @@ def platform_targets(ctx: RunContext) -> Iterator[Target]:
             platform.cli(env, "model", "add", "--endpoint", "echo", "--engine", "custom",
                          "--preprocess", str(SERVERS / "platform_preprocess.py"))
             url = f"{worker}/serve/echo"
-            platform.wait_serving(url, {"text": "warm up"}, timeout=180, procs=[proc])
+            headers = client_key_header(env) if stack.client_keys else {}
+            platform.wait_serving(url, {"text": "warm up"}, timeout=180, procs=[proc], headers=headers)
             workers = f"{stack.workers} worker{'s' if stack.workers > 1 else ''}"
-            yield Target(variant, f"platform, {workers}, custom endpoint echoing its input, statistics on", url,
-                         "text_json", procs=[proc], details={"workers": stack.workers, "statistics": True})
+            keys = ", client keys required" if stack.client_keys else ""
+            yield Target(variant, f"platform, {workers}, custom endpoint echoing its input, statistics on{keys}", url,
+                         "text_json", procs=[proc], headers=headers,
+                         details={"workers": stack.workers, "statistics": True, "client_keys": stack.client_keys})
+
+
+def client_key_header(env: dict[str, str | None]) -> dict[str, str]:
+    key = platform.cli(env, "key", "create", "--name", "bench", "--endpoints", "echo", "--rate", "1000000",
+                       "--burst", "1000000").strip()
+    return {"Authorization": f"Bearer {key}"}
 
 
 # --- the others, each in its own virtual environment -----------------------------------------------

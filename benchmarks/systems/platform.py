@@ -73,6 +73,7 @@ class Stack:
     workers: int
     statistics: bool
     endpoints: tuple[str, ...]
+    client_keys: bool = False  # workers require client keys (SERVING_CLIENT_KEYS_REQUIRED=true)
 
     def variant(self, endpoint: str) -> str:
         return f"{NAME}-{endpoint}-{self.suffix}"
@@ -94,6 +95,7 @@ def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str | None]:
     shutil.rmtree(home, ignore_errors=True)
     env = demo_env(home)
     env["SERVING_STATISTICS_ENABLED"] = "true" if stack.statistics else "false"
+    env["SERVING_CLIENT_KEYS_REQUIRED"] = "true" if stack.client_keys else "false"
     # Control-plane auth: the stack's control plane writes its bootstrap tokens under its fresh
     # SERVING_HOME, where its CLI calls and processes find them (serving/credentials.py); a token
     # of the user's own platform in our environment must not reach it (None: unset in the child).
@@ -101,12 +103,13 @@ def stack_env(ctx: RunContext, stack: Stack) -> dict[str, str | None]:
     return {**{k: v for k, v in env.items() if k.startswith("SERVING_")}, **tokens}
 
 
-def cli(env: dict[str, str | None], *args: str) -> None:
-    """``serving ...`` as a user types it; its output goes to our log on failure."""
+def cli(env: dict[str, str | None], *args: str) -> str:
+    """``serving ...`` as a user types it; its stdout, or its output in the error on failure."""
     out = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=child_env(env),
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(f"serving {' '.join(args)} failed: {out.stdout[-1000:]}{out.stderr[-2000:]}")
+    return out.stdout
 
 
 def deploy(ctx: RunContext, env: dict[str, str | None], endpoint: str) -> None:
@@ -125,7 +128,8 @@ def label_agreement(worker: str, endpoint: str, reference: str, texts: list[str]
     return sum(a == b for a, b in zip(*labels)) / len(texts)
 
 
-def wait_serving(url: str, body: dict, timeout: float, procs: list[subprocess.Popen], streak: int = 8) -> None:
+def wait_serving(url: str, body: dict, timeout: float, procs: list[subprocess.Popen], streak: int = 8,
+                 headers: dict[str, str] | None = None) -> None:
     """Until ``streak`` requests in a row succeed: with N workers each process must have the config."""
     deadline = time.monotonic() + timeout
     ok, last = 0, None
@@ -135,7 +139,7 @@ def wait_serving(url: str, body: dict, timeout: float, procs: list[subprocess.Po
         if any(p.poll() is not None for p in procs):
             raise RuntimeError("serving up exited; see its log")
         try:
-            resp = httpx.post(url, json=body, timeout=30)
+            resp = httpx.post(url, json=body, timeout=30, headers=headers)
             ok, last = (ok + 1, None) if resp.status_code == 200 else (0, f"{resp.status_code} {resp.text[:200]}")
         except httpx.HTTPError as exc:
             ok, last = 0, exc
