@@ -18,7 +18,23 @@ for exe in runc:runc netavark:/usr/lib/podman/netavark aardvark-dns:/usr/lib/pod
   pkg=${exe%%:*} path=${exe#*:}
   { [ -x "$path" ] || command -v "$path" >/dev/null; } || need_apt+=("$pkg")
 done
+# What the rest calls, read from Debian 12's packages (installed with --no-install-recommends):
+# - podman Depends on "crun | runc" and, through golang-github-containers-common, on "netavark |
+#   containernetworking-plugins": installed together with runc and netavark above, apt takes those.
+#   Its Recommends are for rootless use; podman-compose creates pods with --infra=false, so no pause
+#   image (catatonit) is needed. A non-root user's podman needs newuidmap/newgidmap and slirp4netns.
+# - debootstrap (scripts/images.sh: the base image) Depends on wget; it checks the mirror's Release
+#   signature with debian-archive-keyring (and apt's gpgv), and unpacks with dpkg-deb.
+# - the README's Quick start queries the worker with curl; tests/test_readme.py runs it in a network
+#   namespace of its own (util-linux's unshare/nsenter, iproute2's ip).
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v ip >/dev/null || need_apt+=(iproute2)
+if [ "$(id -u)" != 0 ]; then
+  command -v newuidmap >/dev/null || need_apt+=(uidmap)
+  command -v slirp4netns >/dev/null || need_apt+=(slirp4netns)
+fi
 if [ ${#need_apt[@]} -gt 0 ] && [ "${SKIP_APT:-0}" != 1 ]; then
   echo "== installing system packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -226,12 +226,25 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
                             "canary": parse_percent(canary), "batching": batching or None, "io": io,
                             "max_versions": max_versions, "aux_config": aux_pairs(aux_config)}
     if tokenizer:
+        labels = labels if labels is not None else _kept_labels(cp, endpoint)
         body["preprocess"] = _tokenizer_spec(cp, tokenizer, labels, max_length, pad_to_multiple_of, engine,
                                              batching.get("max_batch_size", 32))
     elif preprocess:
         body["preprocess"] = {"kind": "user", "artifact": cp.upload_file(preprocess),
                               "options": {"requirements": requirements} if requirements else {}}
     return body
+
+
+def _kept_labels(cp: ControlPlane, endpoint: str) -> Optional[str]:
+    """A deploy onto an existing endpoint without --labels keeps the endpoint's labels. The tokenizer's
+    postprocess belongs to the endpoint, shared by all its versions: a canary added without --labels
+    would otherwise rename the stable version's answers too (LABEL_0, LABEL_1)."""
+    for ep in cp.get("/endpoints"):
+        kept = ((ep.get("preprocess") or {}).get("options") or {}).get("labels") if ep["name"] == endpoint else None
+        if kept:
+            console.print(f"note: keeping the endpoint's labels {','.join(kept)} (--labels changes them)")
+            return ",".join(kept)
+    return None
 
 
 def shadow_body(endpoint: str, model: Optional[str], percent: str) -> dict[str, Any]:

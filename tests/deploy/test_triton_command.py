@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.deploy.artifacts import component, compose, find, manifests
+from tests.support.ci import cannot_run
 from tests.support.procs import free_port, stop, wait_http
 
 
@@ -40,7 +41,7 @@ def _pytriton_server() -> Path:
 
     root = Path(pytriton.__file__).parent / "tritonserver"
     if not (root / "bin" / "tritonserver").exists():
-        pytest.skip("nvidia-pytriton ships no tritonserver binary on this platform")
+        cannot_run("nvidia-pytriton ships no tritonserver binary on this platform")
     return root
 
 
