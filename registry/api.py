@@ -117,8 +117,9 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(_req: Request, exc: RequestValidationError):
         # FastAPI's own handler echoes the input, and a NaN in it cannot be written as JSON (a 500).
-        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": e.get("type")}
-                  for e in exc.errors()]
+        # (and a validator's message is said as it is, without pydantic's "Value error, " in front)
+        detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")).removeprefix("Value error, "),
+                   "type": e.get("type")} for e in exc.errors()]
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(IntegrityError)
