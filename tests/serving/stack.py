@@ -1,10 +1,15 @@
-"""The platform as real processes on loopback ports, driven through the `serving` CLI."""
+"""The one way tests start the platform as real processes: on free loopback ports, under a home of
+their own, driven through the `serving` CLI. Components apart (``start_control_plane``,
+``start_worker``, ``start_triton``) or the whole stack from one command (``up``); waiting
+(``tests.support.procs.wait_http``/``wait_until``) and stopping in one place, every process
+stopped by ``stop_all`` (the session's leftover check, tests/support/leftovers.py, catches any
+that is not). In-process workers: tests/serving/worker/support.py; compose: tests/deploy."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,16 +48,19 @@ class Stack:
             raise AssertionError(f"serving {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res
 
+    def log(self, name: str) -> Path:
+        return self.home / f"{name}.log"
+
     def start(self, name: str, args: list[str], health: str, extra_env: dict[str, str] | None = None,
-              timeout: float = 60.0) -> subprocess.Popen:
-        log = open(self.home / f"{name}.log", "ab")
+              timeout: float = 60.0, cwd: Path = REPO) -> subprocess.Popen:
+        log = open(self.log(name), "ab")
         proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", *args], env={**self.env, **(extra_env or {})},
-                                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         try:
             wait_http(health, timeout=timeout, proc=proc)
         except Exception:
-            raise RuntimeError(f"{name} failed to start:\n{(self.home / f'{name}.log').read_text()[-3000:]}")
+            raise RuntimeError(f"{name} failed to start:\n{self.log(name).read_text()[-3000:]}")
         return proc
 
     def start_control_plane(self) -> None:
@@ -67,6 +75,25 @@ class Stack:
         port = self.env["SERVING_TRITON_HTTP_PORT"]
         self.start("triton", ["triton"], f"http://127.0.0.1:{port}/v2/health/live", timeout=120)
 
+    def up(self, workers: int = 2, *args: str, cwd: Path = REPO, timeout: float = 150.0,
+           ready: str | None = None) -> subprocess.Popen:
+        """`serving up [ARGS]`: control plane, embedded Triton, statistics and ``workers`` worker
+        processes on ``worker_url(0)``, from one command, as a user starts it (``cwd``: where they
+        typed it); waits for ``ready`` (default: the workers' health)."""
+        return self.start("up", ["up", "--workers", str(workers), "--port", str(self.worker_ports[0]), *args],
+                          ready or f"{self.worker_url()}/v2/health/live", timeout=timeout, cwd=cwd)
+
+    def interrupt(self, name: str = "up", timeout: float = 60.0) -> int:
+        """Ctrl-C, as a user stops `serving up`; its exit code."""
+        proc = self.procs.pop(name)
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=timeout)
+
+    def ports(self) -> dict[str, int]:
+        """Every port this stack's processes listen on."""
+        found = {k: int(v) for k, v in self.env.items() if k.endswith("_PORT") and v.isdigit() and int(v) > 0}
+        return found | {f"worker{i}": port for i, port in enumerate(self.worker_ports)}
+
     def stop(self, name: str) -> None:
         stop(self.procs.pop(name))
 
@@ -79,6 +106,7 @@ class Stack:
 
 
 def make_stack(home: Path, workers: int = 2) -> Stack:
+    home.mkdir(parents=True, exist_ok=True)
     ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats", "loader")}
     inherited = {k: v for k, v in os.environ.items()  # tokens come from the control plane's files under home
                  if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN")}

@@ -7,7 +7,8 @@ import httpx
 import pytest
 
 from tests.serving.stack import make_stack
-from tests.serving.test_stack_e2e import endpoint_ready, wait_until
+from tests.serving.test_stack_e2e import endpoint_ready
+from tests.support.procs import wait_until
 
 
 @pytest.mark.timeout(240)

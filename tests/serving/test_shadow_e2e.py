@@ -25,7 +25,8 @@ from transformers import AutoTokenizer
 
 from serving.testmodels import build_bert_classifier
 from tests.serving.stack import Stack, make_stack
-from tests.serving.statistics.support import Prometheus, prometheus, wait_until
+from tests.serving.statistics.support import Prometheus, prometheus
+from tests.support.procs import wait_until
 
 EP = "shadow-e"
 TEXTS = ["fine", "the staff were friendly and quick", "an awful slow and noisy place", "calm and bright",

@@ -18,20 +18,9 @@ from transformers import AutoTokenizer
 
 from serving.testmodels import build_bert_classifier
 from tests.serving.stack import Stack, make_stack
+from tests.support.procs import wait_until
 
 TEXT = "the service was quick and the staff were friendly"
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def endpoint_ready(stack: Stack, endpoint: str) -> None:

@@ -10,15 +10,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from serving.supervisor import Child, Supervisor
-from tests.serving.test_stack_e2e import wait_until
-from tests.support.procs import REPO, free_port, wait_http
+from tests.serving.stack import make_stack
+from tests.support.procs import wait_until
 
 
 def sleeper(grandchild: bool = False) -> subprocess.Popen:
@@ -143,27 +142,15 @@ def is_stub(cmd):
 
 @pytest.mark.timeout(420)
 def test_up_heals_kill_9_of_control_plane_triton_and_a_worker(tmp_path, tiny_model):
-    ports = {k: free_port() for k in ("cp", "worker", "http", "grpc", "metrics", "stats")}
-    env = {**os.environ, "SERVING_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
-           "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
-           "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
-           "SERVING_TRITON_HTTP_PORT": str(ports["http"]), "SERVING_TRITON_GRPC_PORT": str(ports["grpc"]),
-           "SERVING_TRITON_METRICS_PORT": str(ports["metrics"]), "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{ports['grpc']}",
-           "SERVING_STATISTICS_PORT": str(ports["stats"])}
-    log_path = tmp_path / "up.log"
-    up = subprocess.Popen([sys.executable, "-m", "serving.cli.main", "up", "--workers", "2",
-                           "--port", str(ports["worker"])], env=env, cwd=REPO,
-                          stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
+    stack = make_stack(tmp_path / "home", workers=1)
+    env, log_path = stack.env, stack.log("up")
     report: dict[str, object] = {}
     load = None
     try:
-        wait_http(f"http://127.0.0.1:{ports['worker']}/v2/health/live", timeout=150, proc=up)
-        cli = [sys.executable, "-m", "serving.cli.main"]
-        subprocess.run([*cli, "model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path)],
-                       env=env, check=True, capture_output=True)
-        subprocess.run([*cli, "model", "add", "--endpoint", "clf", "--model", "clf", "--tokenizer",
-                        str(tiny_model.tokenizer_dir)], env=env, check=True, capture_output=True)
-        url = f"http://127.0.0.1:{ports['worker']}/serve/clf"
+        up = stack.up(workers=2)
+        stack.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
+        stack.cli("model", "add", "--endpoint", "clf", "--model", "clf", "--tokenizer", str(tiny_model.tokenizer_dir))
+        url = f"{stack.worker_url()}/serve/clf"
         wait_until(lambda: httpx.post(url, json={"text": "hello"}, timeout=10).status_code == 200, 60, "clf answers")
         load = Load(url).start()
         time.sleep(2)
@@ -223,8 +210,7 @@ def test_up_heals_kill_9_of_control_plane_triton_and_a_worker(tmp_path, tiny_mod
         if load is not None:
             load.stop()
         print("measured:", report)
-        up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
+        code = stack.interrupt()
     assert code == 0, log_path.read_text()[-3000:]
     text = log_path.read_text()
     assert "control-plane (pid" in text and "was killed by SIGKILL; restarting" in text, text[-3000:]

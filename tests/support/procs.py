@@ -8,7 +8,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 
@@ -19,6 +19,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+class WaitTimeout(AssertionError, TimeoutError):
+    """A condition a test waited for did not come: a failed assertion, and a timeout."""
+
+
+def wait_until(check: Callable[[], Any], timeout: float = 20.0, what: str = "", interval: float = 0.1,
+               on_timeout: Callable[[], str] | None = None) -> Any:
+    """Poll ``check`` until it returns something truthy, and return that. What a server that is
+    starting or restarting raises (refused connections, a key or an index not there yet, a body
+    that is not JSON yet) counts as not yet; the last value or error, and ``on_timeout()`` (a log
+    tail), are in the failure."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (httpx.HTTPError, OSError, KeyError, IndexError, ValueError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    extra = f"\n{on_timeout()}" if on_timeout is not None else ""
+    raise WaitTimeout(f"timed out after {timeout}s waiting for {what or check}: last {last!r}{extra}")
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:

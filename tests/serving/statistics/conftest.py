@@ -11,7 +11,8 @@ from typing import Iterator
 import pytest
 
 from tests.serving.statistics.fake_control_plane import FakeControlPlane
-from tests.serving.statistics.support import Prometheus, Service, prometheus, statistics_service, wait_until
+from tests.serving.statistics.support import Prometheus, Service, prometheus, statistics_service
+from tests.support.procs import wait_until
 from tests.serving.statistics.worker_sim import SCALAR_BUCKETS
 
 METRICS = [

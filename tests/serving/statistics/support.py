@@ -63,20 +63,6 @@ def statistics_service(home: Path, control_plane_url: str, args: list[str] = DRI
             stop(proc)
 
 
-def wait_until(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.25, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy; its last value is in the error."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            last = exc
-        if last:
-            return last
-        time.sleep(interval)
-    raise TimeoutError(f"timed out waiting for {what or check}: last {last!r}")
-
-
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url

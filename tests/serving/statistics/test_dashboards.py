@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.statistics.prometheus_config import ALERT_RULES, REPO
 from tests.serving.statistics.promql import dashboard_expressions, grafana_query, metric_names, rule_expressions
-from tests.serving.statistics.support import Prometheus, Service, run_workers, wait_until
+from tests.serving.statistics.support import Prometheus, Service, run_workers
+from tests.support.procs import wait_until
 
 DASHBOARDS = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
 # Prometheus' own series for each target, not exported by any application

@@ -21,7 +21,8 @@ from serving.statistics.transports import SendError
 from serving.statistics.transports.kafka import KafkaBatchConsumer, KafkaOptions, KafkaSender, ensure_topic
 from tests.serving.statistics.fake_control_plane import FakeControlPlane
 from tests.serving.statistics.kafka_broker import kafka_broker
-from tests.serving.statistics.support import run_workers, statistics_service, wait_until
+from tests.serving.statistics.support import run_workers, statistics_service
+from tests.support.procs import wait_until
 from tests.serving.statistics.worker_sim import make_events
 from tests.support.procs import free_port
 

@@ -15,7 +15,8 @@ from serving.statistics.events import decode_batch
 from serving.statistics.recorder import RecorderConfig, StatisticsRecorder
 from serving.statistics.transports import SendError
 from serving.statistics.transports.embedded import HttpSender
-from tests.serving.statistics.support import Service, wait_until
+from tests.serving.statistics.support import Service
+from tests.support.procs import wait_until
 from tests.serving.statistics.worker_sim import make_events
 from tests.support.procs import free_port
 

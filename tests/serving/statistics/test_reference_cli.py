@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from serving.cli.main import app
-from tests.serving.statistics.support import WORKER_TOKEN, Service, run_workers, wait_until
+from tests.serving.statistics.support import WORKER_TOKEN, Service, run_workers
+from tests.support.procs import wait_until
 from tests.serving.statistics.worker_sim import make_events
 from tests.support.procs import free_port
 

@@ -2,47 +2,32 @@
 service, and stops with everything else on Ctrl-C."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.serving.statistics.support import Prometheus, wait_until
-from tests.support.procs import REPO, free_port, wait_http
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+from tests.serving.statistics.support import Prometheus
+from tests.serving.stack import make_stack
+from tests.support.procs import free_port, port_open, wait_until
 
 
 @pytest.mark.timeout(180)
 def test_up_starts_prometheus_pointed_at_statistics(tmp_path: Path) -> None:
-    ports = {k: free_port() for k in ("cp", "worker", "stats", "prometheus")}
-    home = tmp_path / "home"
-    env = {**os.environ, "SERVING_HOME": str(home), "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
-           "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
-           "SERVING_STATISTICS_PORT": str(ports["stats"])}
-    with open(tmp_path / "up.log", "wb") as log:
-        up = subprocess.Popen([sys.executable, "-m", "serving.cli.main", "up", "--no-triton", "--port",
-                               str(ports["worker"]), "--prometheus", "--prometheus-port", str(ports["prometheus"])],
-                              env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    stack = make_stack(tmp_path / "home", workers=1)
+    prom = Prometheus(f"http://127.0.0.1:{free_port()}")
+    stats_port = stack.env["SERVING_STATISTICS_PORT"]
     try:
-        prom = Prometheus(f"http://127.0.0.1:{ports['prometheus']}")
-        wait_http(prom.url + "/-/ready", timeout=120, proc=up)
-        target = f'up{{job="serving-statistics", instance="127.0.0.1:{ports["stats"]}"}}'
+        stack.up(1, "--no-triton", "--prometheus", "--prometheus-port", prom.url.rsplit(":", 1)[1],
+                 ready=prom.url + "/-/ready", timeout=120)
+        target = f'up{{job="serving-statistics", instance="127.0.0.1:{stats_port}"}}'
         assert prom.wait_value(target, 1.0, timeout=40) == 1.0  # 15 s scrape interval
         rules = wait_until(lambda: httpx.get(prom.url + "/api/v1/rules").json()["data"]["groups"],
                            what="alert rules loaded")
         assert {g["name"] for g in rules} == {"serving-slo", "serving-drift", "serving-statistics"}
     finally:
-        up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
-    assert code == 0, (tmp_path / "up.log").read_text()[-2000:]
-    assert "started prometheus" in (tmp_path / "up.log").read_text()
+        code = stack.interrupt()
+    assert code == 0, stack.log("up").read_text()[-2000:]
+    assert "started prometheus" in stack.log("up").read_text()
+    ports = stack.ports() | {"prometheus": int(prom.url.rsplit(":", 1)[1])}
     assert [name for name, port in ports.items() if port_open(port)] == []

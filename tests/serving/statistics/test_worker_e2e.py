@@ -19,7 +19,8 @@ from serving.worker.app import create_app
 from tests.serving.statistics.conftest import METRICS
 from tests.serving.statistics.conftest import snapshot as snapshot_of
 from tests.serving.statistics.fake_control_plane import FakeControlPlane
-from tests.serving.statistics.support import Prometheus, Service, wait_until
+from tests.serving.statistics.support import Prometheus, Service
+from tests.support.procs import wait_until
 from tests.serving.worker.support import endpoint_spec, snapshot
 from tests.support.procs import free_port, serving_process, wait_http
 

@@ -103,10 +103,3 @@ def target(model: str, version: int, artifact: str, signature: dict[str, Any], w
             "artifact": artifact, "signature": signature}
 
 
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{what} not within {timeout}s")

@@ -10,7 +10,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.serving.triton.fake_control_plane import FakeControlPlane, running, target, triton_endpoint, wait_until
+from tests.serving.triton.fake_control_plane import FakeControlPlane, running, target, triton_endpoint
+from tests.support.procs import wait_until
 from tests.support.procs import free_port, serving_process, wait_http
 
 

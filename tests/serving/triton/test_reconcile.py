@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.serving.stack import make_stack
-from tests.serving.test_stack_e2e import wait_until
+from tests.support.procs import wait_until
 
 
 def answered_by(url: str, version: int) -> bool:

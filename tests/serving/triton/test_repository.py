@@ -13,7 +13,8 @@ from serving.triton import triton_model_name
 from serving.triton.repository import (
     MARKER, ConfigError, RepositorySync, TritonTarget, config_pbtxt, triton_targets, validate_config_pbtxt,
 )
-from tests.serving.triton.fake_control_plane import serve_app, target, triton_endpoint, wait_until
+from tests.serving.triton.fake_control_plane import serve_app, target, triton_endpoint
+from tests.support.procs import wait_until
 
 BATCHING = {"max_batch_size": 16, "max_queue_delay_us": 2000, "preferred_batch_sizes": [4, 8, 64], "instances": 2}
 
