@@ -28,10 +28,6 @@ class _RetryLater(ServiceError):
         super().__init__(message, {"Retry-After": str(retry_after_s)})
 
 
-class BadRequest(ServiceError):
-    status = 400
-
-
 class Unauthorized(ServiceError):
     """No credential, or one that is not known (revoked, mistyped)."""
 
@@ -41,51 +37,15 @@ class Unauthorized(ServiceError):
         super().__init__(message, {"WWW-Authenticate": "Bearer"})
 
 
-class Forbidden(ServiceError):
-    """A valid credential asking for something outside its scope."""
-
-    status = 403
-
-
-class NotFound(ServiceError):
-    status = 404
-
-
-class Conflict(ServiceError):
-    status = 409
-
-
-class PayloadTooLarge(ServiceError):
-    status = 413
-
-
-class UnsupportedMediaType(ServiceError):
-    status = 415
-
-
-class Unprocessable(ServiceError):
-    status = 422
-
-
-class TooManyRequests(_RetryLater):
-    """Over a rate."""
-
-    status = 429
-
-
-class BadGateway(ServiceError):
-    """A dependency answered with an error that is neither the client's fault nor transient."""
-
-    status = 502
-
-
-class Unavailable(_RetryLater):
-    """A dependency (Triton, a model still loading, the database) is not there now; retrying later will work."""
-
-    status = 503
-
-
-class GatewayTimeout(ServiceError):
-    """Work ran past its deadline."""
-
-    status = 504
+# The other kinds, one a line: the class, its HTTP status, and when it is the right one.
+class BadRequest(ServiceError): status = 400  # noqa: E701
+class Forbidden(ServiceError): status = 403  # noqa: E701  a valid credential, outside its scope
+class NotFound(ServiceError): status = 404  # noqa: E701
+class Conflict(ServiceError): status = 409  # noqa: E701  contradicts what is stored (a name taken)
+class PayloadTooLarge(ServiceError): status = 413  # noqa: E701
+class UnsupportedMediaType(ServiceError): status = 415  # noqa: E701
+class Unprocessable(ServiceError): status = 422  # noqa: E701  well-formed, but not for this endpoint or model
+class BadGateway(ServiceError): status = 502  # noqa: E701  a dependency's error: not the client's, not transient
+class GatewayTimeout(ServiceError): status = 504  # noqa: E701  work past its deadline (user code)
+class TooManyRequests(_RetryLater): status = 429  # noqa: E701  over a rate
+class Unavailable(_RetryLater): status = 503  # noqa: E701  a dependency away for now (Triton, a loading model)
