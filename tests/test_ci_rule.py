@@ -45,9 +45,8 @@ def test_outside_ci_a_missing_dependency_skips_with_its_reason(tiny_module):
     assert "the frobnicator is not installed" in run.stdout
 
 
-@pytest.mark.parametrize("ci", ["true", "1"])
-def test_in_ci_a_missing_dependency_fails_with_its_reason(tiny_module, ci):
-    run = pytest_run(tiny_module, {"CI": ci})
+def test_in_ci_a_missing_dependency_fails_with_its_reason(tiny_module):
+    run = pytest_run(tiny_module, {"CI": "true"})
     assert run.returncode == 1, run.stdout + run.stderr
     assert counts(run.stdout) == {"failed": 1}
     assert "CI=true and this test cannot run: the frobnicator is not installed" in run.stdout
