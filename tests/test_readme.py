@@ -323,6 +323,8 @@ def test_the_quick_start_runs_as_written(tmp_path):
         run_quick_start(shell, lines, clone, Path(env["SERVING_HOME"]))
     finally:
         shell.close()
+        for big in ("quickstart", ".serving"):  # about 360 MB of models; pytest keeps its last temp dirs
+            shutil.rmtree(clone / big, ignore_errors=True)
 
 
 def step(shell: Shell, line: str, timeout: float = 300) -> str:
