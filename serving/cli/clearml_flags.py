@@ -104,10 +104,34 @@ def aux_pairs(items: list[str]) -> dict[str, str] | None:
 
     if not items:
         return None
+    if len(items) == 1 and "=" not in items[0] and Path(items[0]).is_file():  # ClearML: a config.pbtxt file
+        return _pbtxt_pairs(Path(items[0]))
     try:
         return split_pairs(items)
     except AuxConfigError as exc:
         raise typer.BadParameter(f"--aux-config {exc}")
+
+
+def _pbtxt_pairs(path: Path) -> dict[str, str]:
+    """A config.pbtxt file as dotted key=value pairs (its leaves; lists and lists of groups as JSON)."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    try:
+        config = text_format.Parse(path.read_text(), mc.ModelConfig())
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"--aux-config {path} is not a config.pbtxt Triton reads: {exc}")
+    pairs: dict[str, str] = {}
+
+    def walk(tree: dict[str, Any], prefix: str) -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict) and key != "parameters":
+                walk(value, f"{prefix}{key}.")
+            else:
+                pairs[f"{prefix}{key}"] = json.dumps(value)
+
+    walk(json_format.MessageToDict(config, preserving_proto_field_name=True), "")
+    return pairs
 
 
 def aux_notes(pairs: dict[str, str] | None) -> list[str]:

@@ -104,7 +104,7 @@ def _put(tree: dict[str, Any], key: str, value: Any, descriptor: Any) -> None:
     node = tree
     for part in parts[:-1]:
         f = descriptor.fields_by_name[part]
-        if _repeated(f):
+        if is_repeated(f):
             node = node.setdefault(part, [{}])[0]
         else:
             node = node.setdefault(part, {})
@@ -112,9 +112,9 @@ def _put(tree: dict[str, Any], key: str, value: Any, descriptor: Any) -> None:
     node[parts[-1]] = value
 
 
-def _repeated(f: Any) -> bool:
-    is_repeated = getattr(f, "is_repeated", None)  # protobuf >= 6; ``label`` is deprecated there
-    return bool(is_repeated) if is_repeated is not None else f.label == f.LABEL_REPEATED
+def is_repeated(f: Any) -> bool:
+    flag = getattr(f, "is_repeated", None)  # protobuf >= 6; ``label`` is deprecated there
+    return bool(flag) if flag is not None else f.label == f.LABEL_REPEATED
 
 
 def _unquote(raw: str) -> str:
@@ -127,7 +127,7 @@ def _unquote(raw: str) -> str:
 def _typed(key: str, raw: str, descriptor: Any) -> Any:
     f = _field(key, descriptor)
     text = _unquote(raw)
-    if _repeated(f) and not (f.message_type and f.message_type.GetOptions().map_entry):
+    if is_repeated(f) and not (f.message_type and f.message_type.GetOptions().map_entry):
         if text.startswith("["):
             try:
                 items = json.loads(text)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from serving.triton.aux_config import is_repeated
 from serving.triton.naming import TRITON_VERSION, triton_model_name
 
 log = logging.getLogger(__name__)
@@ -112,19 +113,15 @@ def _merge(cfg: Any, extra: Any) -> None:
         mine = getattr(cfg, fd.name)
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             mine.MergeFrom(value)
-        elif fd.message_type is not None and not _is_repeated(fd):
+        elif fd.message_type is not None and not is_repeated(fd):
             _merge(mine, value)
         elif fd.message_type is not None and len(mine) == 1 and len(value) == 1:
             _merge(mine[0], value[0])
-        elif _is_repeated(fd):
+        elif is_repeated(fd):
             cfg.ClearField(fd.name)
             getattr(cfg, fd.name).extend(value)
         else:
             setattr(cfg, fd.name, value)
-
-
-def _is_repeated(fd: Any) -> bool:
-    return bool(fd.is_repeated) if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
 
 
 def config_pbtxt(target: TritonTarget) -> str:

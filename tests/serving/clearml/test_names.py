@@ -103,6 +103,20 @@ def test_other_config_pbtxt_keys_are_kept_for_an_external_triton():
                           "parameters": {"mode": {"string_value": "fast"}}}
 
 
+def test_a_config_pbtxt_file_as_aux_config(tmp_path):
+    """ClearML also takes one --aux-config value naming a config.pbtxt file: read the same way."""
+    from serving.cli.clearml_flags import aux_pairs
+
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "x"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 16\n'
+                    "dynamic_batching { preferred_batch_size: [4, 8] max_queue_delay_microseconds: 100 "
+                    "preserve_ordering: true }\ninstance_group [{ count: 2 kind: KIND_CPU }]\n")
+    aux = parse_aux(aux_pairs([str(path)]))
+    assert aux.batching == {"max_batch_size": 16, "preferred_batch_sizes": [4, 8], "max_queue_delay_us": 100}
+    assert aux.triton == {"instance_group": [{"count": 2, "kind": "KIND_CPU"}], "dynamic_batching": {"preserve_ordering": True}}
+    assert aux.ignored == ["name", "platform"]
+
+
 @pytest.mark.parametrize("pair,words", [
     ("dynamic_batching.preferred_batch_sizes=[1,2]", "'preferred_batch_sizes' is not a field of dynamic_batching"),
     ("max_batch=8", "'max_batch' is not a field of config.pbtxt"),
