@@ -140,9 +140,10 @@ class ModelLoader:
             time.sleep(0.05)
         with self.load_lock:
             self._observe()
-            with self.state:  # a loaded model whose files changed is reloaded in place
-                room = m.in_memory() or self.budget.victims(self.budget.estimate(name, 1), time.time(),
-                                                            keep={name}) == []
+            with self.state:  # a loaded model whose files changed is reloaded in place; a new one
+                # is loaded only while room for one more stays free (the headroom _keep_headroom makes)
+                free = self.budget.limit - self.budget.used(exclude={name})
+                room = m.in_memory() or free >= 2 * self.budget.estimate(name, 1)
             if room:
                 self._load(name, m.instances or 1, protect=False)
                 self._fit(keep={name})

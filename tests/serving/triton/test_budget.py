@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from serving.triton.budget import MB, MemoryBudget
+from serving.triton.loader import ModelLoader
 from tests.serving.stack import make_stack
 from tests.serving.triton.budget_stack import (
     Watch, deploy, direct_logits, feeds, loader_status, triton_process, v2_body, v2_logits, variants, wait_admitted,
@@ -66,6 +67,28 @@ def test_estimates_come_from_measurements():
     budget.models["a"].state = "cold"
     budget.record("a", 0)
     assert budget.used() == 0 and budget.estimate("a", 1) == 120  # cold: holds nothing, keeps its measure
+
+
+def test_instances_grow_while_busy_and_shrink_when_idle():
+    """The sizing rule on Triton's statistics (cumulative ns): no Triton needed for the arithmetic."""
+    budget = _budget(a=(100, time.time()))
+    loader = ModelLoader("127.0.0.1:1", {}, 0, budget, write=lambda n, k: None, full_instances=lambda n: 2,
+                         check=lambda n: None)
+
+    def stats(queue_s: float, compute_s: float) -> list[dict]:
+        return [{"name": "a", "inference_stats": {"queue": {"ns": int(queue_s * 1e9)},
+                                                  "compute_infer": {"ns": int(compute_s * 1e9)}}}]
+
+    assert loader._resizes(stats(0, 0)) == []  # a first sample: nothing to compare with yet
+    time.sleep(0.2)
+    assert loader._resizes(stats(0.01, 0.05)) == []  # its one instance computed a quarter of the time
+    time.sleep(0.2)
+    assert loader._resizes(stats(0.01, 0.25)) == [("a", 2)]  # computing all the time: grow
+    time.sleep(0.2)
+    assert loader._resizes(stats(0.2, 0.26)) == [("a", 2)]  # requests queueing for it: grow
+    budget.models["a"].instances = 2
+    budget.models["a"].last_used = time.time() - 60
+    assert loader._resizes(stats(0.2, 0.26)) == [("a", 1)]  # idle a minute on two: back to one
 
 
 # --- real processes -----------------------------------------------------------------------------
