@@ -38,6 +38,8 @@ class ReadinessReporter:
         self._thread = threading.Thread(target=self._run, name="readiness-report", daemon=True)
 
     def start(self) -> "ReadinessReporter":
+        # httpx logs each request at INFO: a heartbeat every 5 s would fill the process's log
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._thread.start()
         return self
 
