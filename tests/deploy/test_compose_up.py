@@ -56,7 +56,7 @@ pytestmark = pytest.mark.timeout(1500)
 # tests are skipped with it. tests/test_ci_rule.py runs this module both ways with no engine.
 _why = why_not()
 if _why is not None and must_run():
-    @pytest.fixture(scope="module", autouse=True)
+    @pytest.fixture(scope="session", autouse=True)  # first: before session fixtures such as tiny_model
     def _compose_must_run():
         pytest.fail(f"compose stack cannot run here, and {must_run()} requires it: {_why}", pytrace=False)
 elif _why is not None:
