@@ -18,6 +18,10 @@ from fastapi import FastAPI
 from serving.settings import WorkerSettings
 
 GIL_SWITCH_INTERVAL_S = 0.001
+# uvicorn's manager kills a process that does not answer its ping in time as hung. Its default of
+# 5 s killed processes still loading their models on a loaded machine (2 cores, load 20), over and
+# over; a process really hung is still replaced within half a minute.
+HEALTHCHECK_TIMEOUT_S = 30
 
 
 def create_from_env() -> FastAPI:
@@ -100,6 +104,7 @@ def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
         ensure_free(host, settings.worker_grpc_port, "SERVING_WORKER_GRPC_PORT (0 turns gRPC off)")
     config = uvicorn.Config("serving.worker.main:create_from_env", factory=True, host=host, port=port,
                             workers=max(1, workers), loop="uvloop", http="httptools",
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                            timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT_S)
     sockets = [reuseport_socket(host, port, config.backlog) for _ in range(max(1, workers))]
     ReusePortProcesses(config, sockets).run()

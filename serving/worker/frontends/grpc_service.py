@@ -143,14 +143,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except ServingError as exc:
             self.dataplane.reject(name, exc.status, client)
             raise
-        work = asyncio.ensure_future(self.dataplane.infer_tensors(
-            name, req.inputs, version, _metadata(context).get(ROUTING_KEY), client=client))
+        answer = self.dataplane.infer_tensors(name, req.inputs, version, _metadata(context).get(ROUTING_KEY),
+                                              client=client)
         remaining = context.time_remaining()
-        done, _ = await asyncio.wait({work}, timeout=remaining)
-        if not done:  # the answer is dropped; the data plane still records what the model did
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"endpoint {name!r} did not answer within the call's deadline ({remaining:.3g} s)")
-        target, outputs = work.result()
+        if remaining is None:
+            target, outputs = await answer
+        else:
+            work = asyncio.ensure_future(answer)
+            done, _ = await asyncio.wait({work}, timeout=remaining)
+            if not done:  # the answer is dropped; the data plane still records what the model did
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"endpoint {name!r} did not answer within the call's deadline ({remaining:.3g} s)")
+            target, outputs = work.result()
         return encode_infer_response(name, target.version, req, outputs)
 
 
