@@ -6,57 +6,45 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from registry.api import create_app
-from serving.cli.main import app
-from serving.settings import ControlPlaneSettings
 from tests.registry.test_api import tiny_onnx
-from tests.support.auth import token
-from tests.support.servers import serve_in_thread
+from tests.serving.cli.test_cli import cp, run  # noqa: F401 (cp: a real control plane on a loopback socket)
+
+
+def ok(cp: str, *args: str) -> str:
+    res = run(cp, *args)
+    assert res.exit_code == 0, res.output
+    return " ".join(res.output.split())
 
 
 @pytest.fixture
-def cp(tmp_path, monkeypatch):
-    with serve_in_thread(create_app(ControlPlaneSettings(home=tmp_path / "cp"))) as url:
-        monkeypatch.setenv("SERVING_TOKEN", token(tmp_path / "cp"))
-        yield url
+def files(tmp_path):
+    """A model file and a tokenizer folder to deploy with it."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    return str(tiny_onnx(tmp_path / "m.onnx")), str(tmp_path / "tok")
 
 
-def run(cp: str, *args: str):
-    res = CliRunner().invoke(app, ["--control-plane", cp, *args], terminal_width=400)
-    assert res.exit_code == 0, res.output
-    return res.output
-
-
-def labels(cp: str) -> list[str] | None:
-    (ep,) = json.loads(run(cp, "endpoint", "list", "--json"))
+def labels(cp: str, endpoint: str) -> list[str] | None:
+    (ep,) = [e for e in json.loads(run(cp, "endpoint", "list", "--json").output) if e["name"] == endpoint]
     return ep["preprocess"]["options"].get("labels")
 
 
-def test_a_canary_without_labels_keeps_the_endpoints_labels_and_new_labels_replace_them(cp, tmp_path):
-    model = tiny_onnx(tmp_path / "m.onnx")
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n")
-    for _ in range(2):
-        run(cp, "model", "upload", "--name", "sentiment", "--path", str(model))
-    run(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:1", "--tokenizer", str(tok),
-        "--labels", "NEGATIVE,POSITIVE")
-    out = run(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:2", "--tokenizer", str(tok),
-              "--canary", "10%")
+def test_a_canary_without_labels_keeps_the_endpoints_labels_and_new_labels_replace_them(cp, files):
+    model, tok = files
+    ok(cp, "model", "upload", "--name", "sentiment", "--path", model)
+    ok(cp, "model", "upload", "--name", "sentiment", "--path", model)
+    ok(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:1", "--tokenizer", tok,
+       "--labels", "NEGATIVE,POSITIVE")
+    out = ok(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:2", "--tokenizer", tok, "--canary", "10%")
     assert "keeping the endpoint's labels NEGATIVE,POSITIVE" in out
-    assert labels(cp) == ["NEGATIVE", "POSITIVE"]
-    run(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:2", "--tokenizer", str(tok),
-        "--labels", "BAD,GOOD")
-    assert labels(cp) == ["BAD", "GOOD"]
+    assert labels(cp, "sentiment") == ["NEGATIVE", "POSITIVE"]
+    ok(cp, "model", "add", "--endpoint", "sentiment", "--model", "sentiment:2", "--tokenizer", tok, "--labels", "BAD,GOOD")
+    assert labels(cp, "sentiment") == ["BAD", "GOOD"]
 
 
-def test_a_new_endpoint_without_labels_has_none(cp, tmp_path):
-    run(cp, "model", "upload", "--name", "m", "--path", str(tiny_onnx(tmp_path / "m.onnx")))
-    tok = tmp_path / "tok"
-    tok.mkdir()
-    (tok / "vocab.txt").write_text("[PAD]\n[UNK]\n")
-    out = run(cp, "model", "add", "--endpoint", "other", "--model", "m", "--tokenizer", str(tok))
-    assert "keeping" not in out
-    assert labels(cp) is None
+def test_a_new_endpoint_without_labels_has_none(cp, files):
+    model, tok = files
+    ok(cp, "model", "upload", "--name", "m", "--path", model)
+    assert "keeping" not in ok(cp, "model", "add", "--endpoint", "other", "--model", "m", "--tokenizer", tok)
+    assert labels(cp, "other") is None
