@@ -2,15 +2,20 @@
 
 Every process a test starts inherits ``SERVING_TEST_SESSION`` (set once per session), so the
 session can find its descendants at the end even after they were re-parented to init, which is
-exactly when nobody else would notice them. Shared-memory segments (Triton's Python backend,
-multiprocessing) count when they appeared during the session and no live process still maps
-them; ``conmon`` processes (podman's container monitors) when they appeared during the session.
-Leftovers are killed or removed, and named, so one run's leak does not become the next one's.
+exactly when nobody else would notice them. Podman's container monitors (``conmon``) do not
+inherit a caller's environment: one counts when it appeared during the session and its container
+is gone (a monitor of nothing, as ``compose down`` used to leave them); one whose container still
+exists belongs to a stack that is still up, maybe another session's. Shared-memory segments
+(Triton's Python backend, multiprocessing) count when they appeared during the session and no
+live process still maps them. Leftovers are named, then killed or removed, so that one run's leak
+does not become the next one's.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,15 +39,27 @@ class Baseline:
 def start_session() -> Baseline:
     marker = uuid.uuid4().hex
     os.environ[MARKER] = marker
-    return Baseline(marker=marker, started=time.time(), shm=_shm_names(), conmon=set(_conmon_pids()))
+    return Baseline(marker=marker, started=time.time(), shm=_shm_names(), conmon=set(_conmons()))
 
 
 def _shm_names() -> set[str]:
     return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
 
 
-def _conmon_pids() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "conmon"]
+def _conmons() -> dict[int, str]:
+    """Each conmon's pid and the id of the container it monitors (its ``-c ID`` argument)."""
+    found = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        args = proc.info["cmdline"] or []
+        if proc.info["name"] == "conmon" and "-c" in args[:-1]:
+            found[proc.pid] = args[args.index("-c") + 1]
+    return found
+
+
+def _container_exists(container: str) -> bool:
+    if shutil.which("podman") is None:
+        return False
+    return subprocess.run(["podman", "container", "exists", container], capture_output=True, timeout=30).returncode == 0
 
 
 def _marked(marker: str) -> list[psutil.Process]:
@@ -96,9 +113,13 @@ def collect(base: Baseline) -> list[str]:
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    for pid in set(_conmon_pids()) - base.conmon:
+    for pid, container in _conmons().items():
+        if pid in base.conmon or _container_exists(container):
+            continue
         try:
-            found.append(f"conmon left running (podman's container monitor): {_describe(psutil.Process(pid))}")
+            proc = psutil.Process(pid)
+            found.append(f"conmon of a removed container left running: {_describe(proc)}")
+            proc.kill()
         except psutil.Error:
             pass
     new_shm = _shm_names() - base.shm
