@@ -85,3 +85,23 @@ def test_cli(stack):  # noqa: F811
     assert "cli-key" not in httpx.get(f"{stack.control_plane}/config", headers=stack.headers()).json()["client_keys"]
     failed = stack.cli("key", "revoke", "--name", "cli-key-nobody", check=False)
     assert failed.returncode != 0 and "no client key named cli-key-nobody" in failed.stdout + failed.stderr
+
+
+def test_migration_0004_and_keys_on_sqlite_and_postgresql(database_url, tmp_path):
+    """The table, its unique name and hash, rotation and revocation on each database users run."""
+    from fastapi.testclient import TestClient
+
+    from registry.api import create_app
+    from serving.settings import ControlPlaneSettings
+    from tests.support import auth
+
+    app = create_app(ControlPlaneSettings(home=tmp_path, database_url=database_url))
+    with TestClient(app, headers=auth.headers(tmp_path)) as admin:
+        first = admin.post("/client-keys", json={"name": "k", "endpoints": ["e"], "rate": 1.5}).json()
+        assert admin.post("/client-keys", json={"name": "k"}).status_code == 409
+        assert admin.delete("/client-keys/k").status_code == 200
+        second = admin.post("/client-keys", json={"name": "k"}).json()
+        assert admin.get("/config").json()["client_keys"] == {"k": {
+            "sha256": hashlib.sha256(second["key"].encode()).hexdigest(), "endpoints": None, "rate": None,
+            "burst": None}}
+        assert first["burst"] == 2 and [r["name"] for r in admin.get("/client-keys").json()] == ["k"]
