@@ -1,14 +1,12 @@
 """A real `serving worker` (N processes, HTTP and gRPC ports) serving a snapshot from its cache file.
 
 No control plane: the worker applies its cached snapshot at start and keeps retrying a control
-plane that is not there (``127.0.0.1:9``), which changes nothing for these tests.
+plane that is not there (``127.0.0.1:9``), which changes nothing for these tests. Started with
+tests/serving/stack.py's Stack, as every test starts processes.
 """
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,8 @@ from onnx import TensorProto, helper
 
 from registry.signature import onnx_signature
 from serving.config_client import write_cache
-from tests.support.procs import REPO, free_port, stop, wait_http
+from tests.serving.stack import make_stack
+from tests.support.procs import free_port, wait_until
 
 
 @dataclass
@@ -52,42 +51,35 @@ class Worker:
 
 @contextmanager
 def run_worker(home: Path, snapshot: dict, processes: int = 1, **env: str) -> Iterator[Worker]:
-    home.mkdir(parents=True, exist_ok=True)
+    """``serving worker --workers N`` of a test stack (tests/serving/stack.py), gRPC on a free port."""
+    stack = make_stack(home, workers=1)
     cache = home / "worker-config.json"
     write_cache(cache, snapshot)
-    http_port, grpc_port = free_port(), free_port()
-    full_env = {**os.environ, "SERVING_HOME": str(home), "SERVING_ARTIFACT_DIR": str(home / "artifacts"),
-                "SERVING_CONTROL_PLANE_URL": "http://127.0.0.1:9", "SERVING_WORKER_CACHE": str(cache),
-                "SERVING_WORKER_PORT": str(http_port), "SERVING_WORKER_GRPC_PORT": str(grpc_port),
-                "SERVING_STATISTICS_ENABLED": "false", "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{free_port()}",
-                "SERVING_INFER_TIMEOUT_S": "2", "PYTHONUNBUFFERED": "1", **env}
-    log = home / "worker.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", "worker", "--workers", str(processes)],
-                                env=full_env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    worker = Worker(proc, http_port, grpc_port, log)
+    http_port, grpc_port = stack.worker_ports[0], free_port()
+    extra = {"SERVING_ARTIFACT_DIR": str(home / "artifacts"), "SERVING_CONTROL_PLANE_URL": "http://127.0.0.1:9",
+             "SERVING_WORKER_CACHE": str(cache), "SERVING_WORKER_PORT": str(http_port),
+             "SERVING_WORKER_GRPC_PORT": str(grpc_port), "SERVING_STATISTICS_ENABLED": "false",
+             "SERVING_INFER_TIMEOUT_S": "2", **env}  # SERVING_TRITON_GRPC_URL: a free port, no Triton there
     try:
-        wait_http(f"{worker.url}/v2/health/ready", timeout=90, proc=proc)
+        proc = stack.start("worker", ["worker", "--workers", str(processes)], f"{stack.worker_url()}/v2/health/ready",
+                           extra, timeout=120)
+        worker = Worker(proc, http_port, grpc_port, stack.log("worker"))
         wait_processes(worker, processes)
         yield worker
-    except Exception:
-        print(log.read_text()[-4000:])
-        raise
     finally:
-        stop(proc)
+        stack.stop_all()
 
 
-def wait_processes(worker: Worker, processes: int, timeout: float = 90) -> None:
+def wait_processes(worker: Worker, processes: int, timeout: float = 120) -> None:
     """Every process started and listening on the gRPC port (each binds its own socket)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         children = worker.children()
-        listening = sum(1 for c in children for k in c.net_connections("tcp")
-                        if k.laddr and k.laddr.port == worker.grpc_port and k.status == psutil.CONN_LISTEN)
-        if len(children) == processes and listening == processes:
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"{processes} worker processes did not all listen on gRPC in {timeout} s")
+        bound = sum(1 for c in children for k in c.net_connections("tcp")
+                    if k.laddr and k.laddr.port == worker.grpc_port and k.status == psutil.CONN_LISTEN)
+        return len(children) == processes and bound == processes
+
+    wait_until(listening, timeout, f"{processes} worker processes listening on gRPC",
+               on_timeout=lambda: worker.log.read_text()[-3000:])
 
 
 def tensor_model(path: Path) -> Path:
