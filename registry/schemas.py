@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
 
+from serving.triton.naming import SAFE_NAME
+
 MAX_VERSION = 2**31 - 1  # model versions are 32-bit integers in the database
 
 
@@ -22,7 +24,7 @@ def finite_json(value: Any, where: str) -> Any:
             finite_json(v, where)
     return value
 
-ENDPOINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a /serve/{endpoint} URL segment as is
+ENDPOINT_NAME = SAFE_NAME  # a /serve/{endpoint} URL segment as is
 MAX_NAME = 128  # model_versions.name and endpoints.name are VARCHAR(128)
 
 

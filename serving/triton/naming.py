@@ -18,7 +18,7 @@ import re
 
 TRITON_VERSION = 1  # every registry version is its own Triton model, always at Triton version 1
 
-_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a directory and a URL segment as they are
 _UNSAFE_RUN = re.compile(r"[^A-Za-z0-9_.-]+")
 _HASHED = re.compile(r".*--[0-9a-f]{12}")  # the shape of a hashed name: never produced for another name
 SLUG_CHARS = 48  # a readable prefix; the hash makes it unique
@@ -26,7 +26,7 @@ SLUG_CHARS = 48  # a readable prefix; the hash makes it unique
 
 def triton_base_name(model: str) -> str:
     """A directory- and URL-safe name for a registry model, unique for each model name."""
-    if _SAFE.fullmatch(model) and not _HASHED.fullmatch(model):
+    if SAFE_NAME.fullmatch(model) and not _HASHED.fullmatch(model):
         return model
     slug = _UNSAFE_RUN.sub("_", model).strip("_.-")[:SLUG_CHARS].rstrip("_.-") or "model"
     digest = hashlib.sha256(model.encode("utf-8")).hexdigest()[:12]
