@@ -6,11 +6,13 @@ one process while the others idled (issue 19: 1,988 against 4,925 req/s between 
 socket per process in one ``SO_REUSEPORT`` group the kernel hashes each new connection's addresses
 to one socket, so every process gets its share whatever the client does.
 
-The manager (uvicorn's process supervisor) holds every process's socket for its whole life and
-hands process *i* its socket *i* again when it restarts it: connections the kernel hashes to a
-killed process wait in that socket's backlog until the new process accepts them, instead of being
-refused. The gRPC server binds its own socket in each process (gRPC cannot adopt one), so a killed
-process's gRPC socket leaves the group until it restarts: new connections go to the others.
+With several processes each binds its own socket once its app has started (config applied, models
+loaded: uvicorn binds after the lifespan), as its gRPC server does: a process killed takes its
+sockets with it, the kernel hashes new connections over the live ones at once, and the replacement
+joins when it is ready. The cost of a kill is its connections: requests in flight, and connections
+the kernel had queued on its socket but it had not accepted yet, are reset. With one process there
+is no other to take over, so the manager holds that socket for its whole life and hands it to each
+replacement: new connections wait in its backlog meanwhile instead of being refused.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import logging
 import socket
 
 from uvicorn.config import Config
+from uvicorn.server import Server
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 log = logging.getLogger("uvicorn.error")
@@ -49,21 +52,47 @@ def reuseport_socket(host: str, port: int, backlog: int) -> socket.socket:
     return sock
 
 
+class LateBindServer(Server):
+    """Given an empty socket list, binds its own SO_REUSEPORT socket into it once the app's
+    lifespan has started, just before uvicorn starts serving the list."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if sockets == []:
+            lifespan_startup = self.lifespan.startup
+
+            async def started_then_bind() -> None:
+                await lifespan_startup()
+                if not self.lifespan.should_exit:
+                    sockets.append(reuseport_socket(self.config.host, self.config.port, self.config.backlog))
+
+            self.lifespan.startup = started_then_bind  # type: ignore[method-assign]
+        await super().startup(sockets)
+
+
+class LateBindProcess(Process):
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = LateBindServer(config=self.config)
+        return self._server
+
+
 class ReusePortProcesses(Multiprocess):
     """uvicorn's supervisor (health pings, restart of a dead or hung process, SIGHUP restarts,
-    a start-up failure stops everything), each process slot with its own socket."""
+    a start-up failure stops everything), each process with its own socket."""
 
-    def __init__(self, config: Config, sockets: list[socket.socket]) -> None:
-        super().__init__(config, sockets)
-        self.processes_num = len(sockets)
+    def __init__(self, config: Config, processes: int) -> None:
+        held = [reuseport_socket(config.host, config.port, config.backlog)] if processes == 1 else []
+        super().__init__(config, held)
+        self.processes_num = processes
 
     def _spawn(self, slot: int) -> Process:
-        process = Process(self.config, [self.sockets[slot]])
+        process = Process(self.config, self.sockets) if self.sockets else LateBindProcess(self.config, [])
         process.start()
         return process
 
     def init_processes(self) -> None:
-        self.processes = [self._spawn(slot) for slot in range(len(self.sockets))]
+        self.processes = [self._spawn(slot) for slot in range(self.processes_num)]
 
     def keep_subprocess_alive(self) -> None:
         from uvicorn.config import STARTUP_FAILURE
@@ -79,7 +108,7 @@ class ReusePortProcesses(Multiprocess):
                 log.error("worker process [%s] failed to start; stopping", process.pid)
                 self.should_exit.set()
                 return
-            log.warning("worker process [%s] died (exit code %s); starting another on its socket",
+            log.warning("worker process [%s] died (exit code %s); starting another",
                         process.pid, process.exitcode)
             self.processes[slot] = self._spawn(slot)
 
@@ -99,7 +128,7 @@ class ReusePortProcesses(Multiprocess):
             self.processes[slot] = new
 
     def handle_ttin(self) -> None:
-        log.info("SIGTTIN ignored: the number of worker processes is fixed by --workers (one socket each)")
+        log.info("SIGTTIN ignored: the number of worker processes is fixed by --workers")
 
     def handle_ttou(self) -> None:
-        log.info("SIGTTOU ignored: the number of worker processes is fixed by --workers (one socket each)")
+        log.info("SIGTTOU ignored: the number of worker processes is fixed by --workers")

@@ -90,12 +90,12 @@ def install_extra_packages(settings: WorkerSettings) -> None:
 
 
 def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
-    """uvicorn's process manager even for one process: it holds each process's listening socket and
-    starts a new worker process on it when one dies, so a killed worker costs only its requests in
-    flight (new connections for it wait in its socket's backlog meanwhile instead of being refused)."""
+    """uvicorn's process manager even for one process: it starts a new worker process when one dies,
+    so a killed worker costs only its connections (listeners.py); one process's socket is held by
+    the manager meanwhile, so new connections wait in its backlog instead of being refused."""
     import uvicorn
 
-    from serving.worker.listeners import ReusePortProcesses, ensure_free, reuseport_socket
+    from serving.worker.listeners import ReusePortProcesses, ensure_free
 
     install_extra_packages(settings)
     host, port = settings.worker_host, settings.worker_port
@@ -106,5 +106,4 @@ def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
                             workers=max(1, workers), loop="uvloop", http="httptools",
                             log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                             timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT_S)
-    sockets = [reuseport_socket(host, port, config.backlog) for _ in range(max(1, workers))]
-    ReusePortProcesses(config, sockets).run()
+    ReusePortProcesses(config, max(1, workers)).run()

@@ -40,8 +40,14 @@ class Worker:
 
     def children(self) -> list[psutil.Process]:
         """The worker processes (multiprocessing's resource tracker aside)."""
-        return [c for c in psutil.Process(self.proc.pid).children()
-                if "resource_tracker" not in " ".join(c.cmdline())]
+        alive = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                    alive.append(child)
+            except psutil.Error:  # killed and not reaped yet by the manager
+                continue
+        return alive
 
     def connections_per_process(self, port: int) -> dict[int, int]:
         """Established connections each worker process holds on ``port`` (what the kernel handed it)."""
@@ -71,14 +77,17 @@ def run_worker(home: Path, snapshot: dict, processes: int = 1, **env: str) -> It
 
 
 def wait_processes(worker: Worker, processes: int, timeout: float = 120) -> None:
-    """Every process started and listening on the gRPC port (each binds its own socket)."""
+    """Every process started and listening on the gRPC port and, with several, on the HTTP port
+    (each binds its own sockets once started; a lone process's HTTP socket is the manager's)."""
+    ports = (worker.grpc_port, worker.http_port) if processes > 1 else (worker.grpc_port,)
+
     def listening() -> bool:
         children = worker.children()
-        bound = sum(1 for c in children for k in c.net_connections("tcp")
-                    if k.laddr and k.laddr.port == worker.grpc_port and k.status == psutil.CONN_LISTEN)
-        return len(children) == processes and bound == processes
+        bound = [sum(1 for c in children for k in c.net_connections("tcp")
+                     if k.laddr and k.laddr.port == port and k.status == psutil.CONN_LISTEN) for port in ports]
+        return len(children) == processes and bound == [processes] * len(ports)
 
-    wait_until(listening, timeout, f"{processes} worker processes listening on gRPC",
+    wait_until(listening, timeout, f"{processes} worker processes listening",
                on_timeout=lambda: worker.log.read_text()[-3000:])
 
 

@@ -1,15 +1,16 @@
 """Several worker processes on one HTTP and one gRPC port: connections shared out by the kernel
-(a SO_REUSEPORT socket per process), and a process killed with SIGKILL costs no refused connection."""
+(a SO_REUSEPORT socket per process); a process killed with SIGKILL is replaced and new connections
+are never refused meanwhile (the live processes take them; a lone process's socket waits for it)."""
 from __future__ import annotations
 
 import os
 import signal
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -64,25 +65,37 @@ def test_grpc_connections_are_shared_between_processes(worker):
             c.close()
 
 
-def test_a_killed_process_is_replaced_and_no_connection_is_refused(worker):
+def fresh_connection_codes(worker, count: int = 24) -> list[int]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda _: httpx.get(f"{worker.url}/v2/health/live", timeout=90).status_code,
+                             range(count)))
+
+
+def test_a_killed_process_is_replaced_and_the_live_one_takes_new_connections(worker):
     victim = worker.children()[0]
     os.kill(victim.pid, signal.SIGKILL)
-    # at once: new HTTP connections hashed to the dead process's socket wait in its backlog (the
-    # manager holds it) until the replacement accepts them; none is refused
-    with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda _: httpx.get(f"{worker.url}/v2/health/live", timeout=60).status_code,
-                              range(24)))
-    assert codes == [200] * 24
-    # gRPC: the dead process's socket left the group, new connections go to the live one
-    for _ in range(8):
+    psutil.wait_procs([victim], timeout=10)  # its sockets close with it: the group holds the live one only
+    assert fresh_connection_codes(worker) == [200] * 24
+    for _ in range(8):  # gRPC likewise: new connections go to the live process
         c = grpcclient.InferenceServerClient(worker.grpc, channel_args=LOCAL_POOL)
         try:
             result = c.infer("tensors", grpc_inputs())
         finally:
             c.close()
         np.testing.assert_array_equal(result.as_numpy("y"), tensor_feeds()["x"] * 2)
-    wait_processes(worker, 2)
+    wait_processes(worker, 2)  # the replacement joins once it has started
     assert victim.pid not in {c.pid for c in worker.children()}
-    time.sleep(0.5)
     with grpc.insecure_channel(worker.grpc, options=LOCAL_POOL) as channel:
         grpc.channel_ready_future(channel).result(timeout=10)
+
+
+def test_one_process_killed_new_connections_wait_for_its_replacement(tmp_path):
+    """One process: its socket is held by the manager, so connections queue instead of being refused."""
+    store = ArtifactStore(tmp_path / "home" / "artifacts")
+    spec = tensor_spec("tensors", tensor_model(tmp_path / "tensors.onnx"), store)
+    with run_worker(tmp_path / "home", snapshot(spec), processes=1) as one:
+        victim = one.children()[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        psutil.wait_procs([victim], timeout=10)
+        assert fresh_connection_codes(one, 8) == [200] * 8
+        wait_processes(one, 1)
