@@ -73,8 +73,11 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 hash_token = secret_sha256  # one hashing for tokens and client keys (serving/credentials.py)
 
 
+CONVERTER = re.compile(r"\{(\w+):\w+\}")  # "{name:path}" -> "{name}": a rule names the parameter only
+
+
 def allowed_roles(method: str, path: str) -> frozenset[str]:
-    rule = RULES.get((method, path))
+    rule = RULES.get((method, CONVERTER.sub(r"{\1}", path)))
     if rule is not None:
         return rule
     return READERS if method in READ_METHODS else CHANGERS
@@ -203,7 +206,7 @@ def install(app: FastAPI, sessions: sessionmaker, settings: ControlPlaneSettings
 
     def authorize(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         route = request.scope.get("route")
-        path = getattr(route, "path", request.url.path)
+        path = CONVERTER.sub(r"{\1}", getattr(route, "path", request.url.path))
         if path in PUBLIC:
             return
         if creds is None or not creds.credentials:
