@@ -17,6 +17,9 @@
 #    and nginx from Debian's packages, a Kafka-protocol broker (Tansu, from PyPI).
 #
 # Environment: CONTAINER_ENGINE (podman, or docker), SERVING_IMAGE (serving:latest),
+# SERVING_TRITON_IMAGE (serving-triton:latest), SERVING_STANDIN_PREFIX (serving-standin) and
+# SERVING_STANDIN_TAG (latest) for the stand-ins' names, e.g. tags of one test run's own, so that
+# builds from other checkouts on the same engine cannot swap its images;
 # SERVING_BASE_IMAGE (localhost/serving-base:bookworm), SERVING_IMAGE_CACHE, DEBIAN_MIRROR,
 # SERVING_BUILD_NETWORK (podman build --network; default host, see below).
 set -euo pipefail
@@ -27,6 +30,7 @@ BASE=${SERVING_BASE_IMAGE:-localhost/serving-base:bookworm}
 IMAGE=${SERVING_IMAGE:-serving:latest}
 TRITON_IMAGE=${SERVING_TRITON_IMAGE:-serving-triton:latest}
 STANDIN_PREFIX=${SERVING_STANDIN_PREFIX:-serving-standin}
+STANDIN_TAG=${SERVING_STANDIN_TAG:-latest}
 CACHE=${SERVING_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/serving-images}
 SUITE=bookworm
 # python3.11-venv brings ensurepip (pip inside the build); libpython3.11 is the shared library.
@@ -134,9 +138,9 @@ build_project() {
 build_standins() {
   local target
   for target in postgres kafka prometheus gateway; do
-    log "building stand-in $STANDIN_PREFIX-$target:latest"
+    log "building stand-in $STANDIN_PREFIX-$target:$STANDIN_TAG"
     "$ENGINE" build "${BUILD_ARGS[@]}" -f deploy/stand-ins/Dockerfile --build-arg BASE_IMAGE="$BASE" \
-      --target "$target" -t "$STANDIN_PREFIX-$target:latest" deploy/stand-ins
+      --target "$target" -t "$STANDIN_PREFIX-$target:$STANDIN_TAG" deploy/stand-ins
   done
 }
 
@@ -150,4 +154,4 @@ esac
 build_base
 build_project
 build_standins
-log "images: $BASE $IMAGE $TRITON_IMAGE $STANDIN_PREFIX-{postgres,kafka,prometheus,gateway}"
+log "images: $BASE $IMAGE $TRITON_IMAGE $STANDIN_PREFIX-{postgres,kafka,prometheus,gateway}:$STANDIN_TAG"

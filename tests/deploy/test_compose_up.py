@@ -47,9 +47,10 @@ from tests.support.procs import free_port
 FILES = ["docker-compose.yml", "docker-compose.stand-ins.yml"]
 HEALTHY_SERVICES = {"postgres", "kafka", "control-plane", "triton", "statistics", "worker"}
 RUNNING_SERVICES = HEALTHY_SERVICES | {"gateway", "prometheus"}
+STANDIN_TARGETS = ("postgres", "kafka", "prometheus", "gateway")  # deploy/stand-ins/Dockerfile
 TEXT = "the service was quick and the staff were friendly"
 
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = pytest.mark.timeout(2400)  # the first test builds the images: 5-25 min here
 
 # Where no engine can run containers: in CI (CI=true) or with SERVING_TEST_COMPOSE=1 each test
 # fails with the reason (a fresh machine missing a package must not pass quietly); elsewhere the
@@ -80,7 +81,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 1.0, on_t
 class ComposeStack:
     """One compose project of the shipped file plus the stand-ins override."""
 
-    def __init__(self, engine: Engine, workdir: Path) -> None:
+    def __init__(self, engine: Engine, workdir: Path, images: dict[str, str]) -> None:
         self.engine = engine
         self.project = f"serving-test-{uuid.uuid4().hex[:8]}"
         self.ports = {name: free_port() for name in
@@ -95,7 +96,7 @@ class ComposeStack:
             shutil.copy(DEPLOY / name, workdir / name)
         subprocess.run(["sh", str(workdir / "init-env.sh")], check=True, capture_output=True, timeout=60)
         self.ca = workdir / "tls" / "ca.crt"
-        self.settings = {**read_env_file(workdir / ".env"),
+        self.settings = {**read_env_file(workdir / ".env"), **images,
                          **{k: str(p) for k, p in self.ports.items()},
                          # the gateway is the one port published beyond the host: loopback here
                          "WORKER_GATEWAY_PORT": f"127.0.0.1:{self.ports['WORKER_GATEWAY_PORT']}",
@@ -182,23 +183,47 @@ def engine():
         eng.close()
 
 
+def image_names(tag: str) -> dict[str, str]:
+    """The compose settings naming the images scripts/images.sh builds, under ``tag``."""
+    names = {"SERVING_IMAGE": f"localhost/serving:{tag}", "SERVING_TRITON_IMAGE": f"localhost/serving-triton:{tag}"}
+    for target in STANDIN_TARGETS:
+        names[f"SERVING_STANDIN_{target.upper()}_IMAGE"] = f"localhost/serving-standin-{target}:{tag}"
+    return names
+
+
 @pytest.fixture(scope="module")
 def images(engine):
-    """scripts/images.sh: the base image comes from its cache when present.
-    ``SERVING_TEST_BUILD=0`` uses the images already built (e.g. from another checkout)."""
-    start = time.monotonic()
+    """scripts/images.sh, under tags of this run's own (the engine's images are shared: a build
+    from another checkout tagging serving:latest meanwhile once swapped the image under this
+    test); the layer cache is shared all the same, and the base image comes from its cache.
+    ``SERVING_TEST_BUILD=0`` uses the images already built as :latest (e.g. from another checkout).
+    Yields (the image settings for compose, seconds the build took); the tags are removed after."""
     if os.environ.get("SERVING_TEST_BUILD") == "0":
-        return 0.0
-    out = subprocess.run(["bash", str(REPO / "scripts" / "images.sh")], cwd=REPO, env=engine.env,
-                         capture_output=True, text=True, timeout=1500)
-    assert out.returncode == 0, f"scripts/images.sh failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    return time.monotonic() - start
+        yield image_names("latest"), 0.0
+        return
+    tag = f"test-{uuid.uuid4().hex[:8]}"
+    names = image_names(tag)
+    env = {**engine.env, "SERVING_IMAGE": names["SERVING_IMAGE"], "SERVING_TRITON_IMAGE": names["SERVING_TRITON_IMAGE"],
+           "SERVING_STANDIN_TAG": tag}
+    start = time.monotonic()
+    try:
+        out = subprocess.run(["bash", str(REPO / "scripts" / "images.sh")], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=2100)
+        assert out.returncode == 0, f"scripts/images.sh failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+        yield names, time.monotonic() - start
+    finally:
+        for name in names.values():
+            try:
+                engine.client.images.remove(name, noprune=True)  # the tag; the layers stay cached
+            except Exception:  # never built (the build failed), or in use by a leftover container
+                pass
 
 
 @pytest.fixture(scope="module")
 def stack(engine, images, tmp_path_factory):
-    s = ComposeStack(engine, tmp_path_factory.mktemp("compose"))
-    s.times["images"] = images
+    names, build_s = images
+    s = ComposeStack(engine, tmp_path_factory.mktemp("compose"), names)
+    s.times["images"] = build_s
     try:
         start = time.monotonic()
         s.up()
