@@ -179,6 +179,8 @@ def test_the_ingress_terminates_tls_with_the_named_secret_in_front_of_the_worker
     assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
     assert path["path"] == "/" and path["pathType"] == "Prefix"
+    notes = next(v for k, v in rendered_files("default", yaml.safe_dump(INGRESS_TLS)).items() if k.endswith("NOTES.txt"))
+    assert "https://models.example.com/serve/sentiment" in notes
 
 
 def test_an_ingress_without_tls_is_refused_unless_plain_http_is_asked_for():
