@@ -180,6 +180,17 @@ def auto_update_and_canary(stack: Stack, workdir: Path, example: str, check) -> 
     assert seen <= {"1", "2"}
 
 
+def as_the_readme_says(stack: Stack, workdir: Path, example: str, check) -> None:
+    """The trained model, the README's `model add` and a check of its endpoint, then its auto-update and canary."""
+    upload_trained(stack, workdir, example)
+    add = README[example][0]
+    endpoint = as_typed(add)[as_typed(add).index("--endpoint") + 1]
+    run_typed(stack, workdir, add)
+    wait_ready(stack, endpoint)
+    check(endpoint)
+    auto_update_and_canary(stack, workdir, example, check)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, tiny_model):
     out = tmp_path_factory.mktemp("clearml-models")
@@ -275,11 +286,7 @@ def test_ensemble(stack, workdir, built):
         np.testing.assert_allclose(r.json()["y"], expected["y"], rtol=1e-12)
         return r
 
-    upload_trained(stack, workdir, "ensemble")
-    run_typed(stack, workdir, README["ensemble"][0])
-    wait_ready(stack, "test_model_ensemble")
-    check("test_model_ensemble")
-    auto_update_and_canary(stack, workdir, "ensemble", check)
+    as_the_readme_says(stack, workdir, "ensemble", check)
 
 
 def test_xgboost(stack, workdir, built):
@@ -296,11 +303,7 @@ def test_xgboost(stack, workdir, built):
         np.testing.assert_allclose(r.json()["y"], expected, rtol=1e-6)
         return r
 
-    upload_trained(stack, workdir, "xgboost")
-    run_typed(stack, workdir, README["xgboost"][0])
-    wait_ready(stack, "test_model_xgb")
-    check("test_model_xgb")
-    auto_update_and_canary(stack, workdir, "xgboost", check)
+    as_the_readme_says(stack, workdir, "xgboost", check)
 
 
 def test_lightgbm(stack, workdir, built):
@@ -316,11 +319,7 @@ def test_lightgbm(stack, workdir, built):
             assert r.json() == direct("lightgbm/preprocess.py", body, booster.predict)
         return r
 
-    upload_trained(stack, workdir, "lightgbm")
-    run_typed(stack, workdir, README["lightgbm"][0])
-    wait_ready(stack, "test_model_lgbm")
-    check("test_model_lgbm")
-    auto_update_and_canary(stack, workdir, "lightgbm", check)
+    as_the_readme_says(stack, workdir, "lightgbm", check)
 
 
 def test_custom_example_is_broken_on_current_numpy(stack, workdir):
@@ -331,11 +330,7 @@ def test_custom_example_is_broken_on_current_numpy(stack, workdir):
         assert r.status_code == 422 and "np" in r.json()["error"] and "float" in r.json()["error"], r.text
         return r
 
-    upload_trained(stack, workdir, "custom")
-    run_typed(stack, workdir, README["custom"][0])
-    wait_ready(stack, "test_model_custom")
-    check("test_model_custom")
-    auto_update_and_canary(stack, workdir, "custom", check)
+    as_the_readme_says(stack, workdir, "custom", check)
     user = example_module("custom/preprocess.py").Preprocess()
     with pytest.raises(AttributeError, match="float"):
         user.preprocess({"features": [1, 2, 3]}, {}, None)
@@ -407,11 +402,7 @@ def test_keras_image_bytes(stack, workdir, built):
         assert r.status_code == 200 and r.json() == expected, r.text
         return r
 
-    upload_trained(stack, workdir, "keras")
-    run_typed(stack, workdir, README["keras"][0])
-    wait_ready(stack, "test_model_keras")
-    check("test_model_keras")
-    auto_update_and_canary(stack, workdir, "keras", check)
+    as_the_readme_says(stack, workdir, "keras", check)
 
 
 def test_huggingface_as_typed(stack, workdir, built, tiny_model):
