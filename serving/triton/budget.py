@@ -15,6 +15,7 @@ from typing import Iterable
 
 MB = 1024 * 1024
 DEFAULT_INSTANCE_BYTES = 120 * MB  # one stub before any was measured (measured here: 83-102 MB RSS)
+MAX_GROWTH = 2.0  # a model's growth after loading counts at most this much (a reload, not growth, past it)
 IDLE_S = 2.0      # a model used within this many seconds is busy: never unloaded for another
 PROTECT_S = 3.0   # a model loaded for a waiting request is kept this long, so the request reaches it
 
@@ -31,7 +32,8 @@ class ModelUse:
     loadable: bool = False     # loaded fine once: a cold model is loaded on demand, not an error
     bytes: int = 0             # resident bytes of its stub processes while loaded (0 when cold)
     instances: int = 0         # Triton instances loaded now
-    per_instance: int = 0      # bytes of one instance, last measured (kept while cold: the next estimate)
+    per_instance: int = 0      # bytes of one instance, largest measured (kept while cold: the next estimate)
+    at_load: int = 0           # bytes right after its last load or resize
     last_used: float = 0.0     # last inference Triton saw, or last demand for it
     protected_until: float = 0.0
     error: str = ""
@@ -54,6 +56,7 @@ class MemoryBudget:
         self.limit = int(limit_bytes)
         self.idle_s = idle_s
         self.models: dict[str, ModelUse] = {}
+        self.growth = 1.0  # largest ratio of a model's size once it ran to its size when loaded
 
     def model(self, name: str) -> ModelUse:
         return self.models.setdefault(name, ModelUse(name))
@@ -74,12 +77,26 @@ class MemoryBudget:
             per = max((m.per_instance for m in self.models.values()), default=0) or DEFAULT_INSTANCE_BYTES
         return per * max(1, instances)
 
-    def record(self, name: str, measured: int) -> None:
-        """The model's stubs hold ``measured`` bytes now (0: none running)."""
+    def loaded(self, name: str, measured: int) -> None:
+        """Just loaded, holding ``measured`` bytes: it is charged what it will hold once it ran, its
+        load-time size times the most any model grew by its first requests (onnxruntime allocates
+        as it runs: 97.7 -> 102.4 MB measured here), so later growth stays within the budget."""
         m = self.model(name)
-        m.bytes = measured
-        if measured and m.instances:
-            m.per_instance = max(m.per_instance, measured // m.instances)
+        m.at_load = measured
+        m.per_instance = max(m.per_instance, int(measured * self.growth) // max(1, m.instances))
+        self.record(name, measured)
+
+    def record(self, name: str, measured: int) -> None:
+        """The model's stubs hold ``measured`` bytes now (0: none running). It stays charged at
+        least its largest measure per instance."""
+        m = self.model(name)
+        if not measured:
+            m.bytes = 0
+            return
+        if m.at_load:
+            self.growth = min(MAX_GROWTH, max(self.growth, measured / m.at_load))
+        m.per_instance = max(m.per_instance, measured // max(1, m.instances))
+        m.bytes = max(measured, m.per_instance * max(1, m.instances))
 
     def victims(self, need: int, now: float, keep: Iterable[str] = ()) -> list[str] | None:
         """Least recently used idle models to unload so that ``need`` more bytes fit; [] when they

@@ -254,7 +254,7 @@ class ModelLoader:
         measured = stub_memory(self.server_pid).get(name, 0)
         with self.state:
             m.state, m.error = LOADED, ""
-            self.budget.record(name, measured)
+            self.budget.loaded(name, measured)
             if protect:
                 m.last_used, m.protected_until = now, now + PROTECT_S
         log.info("loaded %s (%d instance(s), %.1f MB, %.2fs; was %s; %.0f/%.0f MB in use)", name, instances,
@@ -386,7 +386,7 @@ class ModelLoader:
         while time.monotonic() < deadline and sum(n == name for n, _ in stub_processes(self.server_pid)) > instances:
             time.sleep(0.05)
         with self.state:
-            self.budget.record(name, stub_memory(self.server_pid).get(name, 0))
+            self.budget.loaded(name, stub_memory(self.server_pid).get(name, 0))
         log.info("%s now runs %d instance(s) (was %d)", name, instances, previous)
 
     def status(self) -> dict[str, Any]:

@@ -91,6 +91,21 @@ def test_instances_grow_while_busy_and_shrink_when_idle():
     assert loader._resizes(stats(0.2, 0.26)) == [("a", 1)]  # idle a minute on two: back to one
 
 
+def test_a_model_is_charged_what_models_grow_to_once_they_ran():
+    budget = MemoryBudget(1000)
+    a = budget.model("a")
+    a.state, a.instances = "loaded", 1
+    budget.loaded("a", 100)
+    budget.record("a", 110)  # onnxruntime allocated on its first requests
+    assert budget.growth == 1.1 and budget.used() == 110
+    budget.record("a", 105)  # RSS moves down a little: still charged its largest measure
+    assert budget.used() == 110
+    b = budget.model("b")
+    b.state, b.instances = "loaded", 1
+    budget.loaded("b", 200)  # another size: charged its own size times the growth seen
+    assert b.bytes == 220 and budget.used() == 330
+
+
 # --- real processes -----------------------------------------------------------------------------
 
 def _walk(url: str, names: list[str], wanted: list[np.ndarray], order: list[int], seed: int,
