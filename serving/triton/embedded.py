@@ -39,7 +39,7 @@ from serving.triton.budget import MB, MemoryBudget
 from serving.triton.loader import ModelLoader
 from serving.triton.loader_http import LoaderServer
 from serving.triton.python_backend import (
-    ACCESS_HEADER, has_gpu, instance_layout, server_command, start_server, write_entry,
+    ACCESS_HEADER, SHM_PREFIX, has_gpu, instance_layout, remove_shm, server_command, start_server, write_entry,
 )
 from serving.triton.repository import TritonTarget, triton_targets
 
@@ -97,6 +97,7 @@ def clean_stale(tmpdir: str | None = None) -> list[int]:
         m = re.match(rf"{WORKSPACE_PREFIX}(\d+)-", ws.name)
         if m and int(m.group(1)) != os.getpid() and not psutil.pid_exists(int(m.group(1))):
             dead.append(str(ws))
+            remove_shm(f"{SHM_PREFIX}{m.group(1)}-")
     if not dead:
         return []
     killed = []
@@ -457,6 +458,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
             if n:
                 log.warning("stopped %d process(es) tritonserver left behind", n)
         shutil.rmtree(workspace, ignore_errors=True)
+        remove_shm(command.shm_prefix)
     return died
 
 

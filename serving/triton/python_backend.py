@@ -148,6 +148,20 @@ class ServerCommand:
     args: list[str]
     env: dict[str, str]
     token: str
+    shm_prefix: str  # the Python backend's /dev/shm segments start with it (removed after the server)
+
+
+SHM_PREFIX = "serving"  # + the embedded Triton's pid: clean_stale finds a dead one's segments
+
+
+def remove_shm(prefix: str) -> int:
+    """The Python backend's shared-memory segments of a tritonserver that is gone: a server killed
+    with SIGKILL never unlinks them, and /dev/shm keeps them until reboot."""
+    removed = 0
+    for segment in Path("/dev/shm").glob(f"{prefix}*"):
+        segment.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, grpc_port: int,
@@ -157,7 +171,7 @@ def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, g
     backends = prepare_backends(workspace)
     token = secrets.token_urlsafe(24)
     restricted = f"{RESTRICTED}:{ACCESS_HEADER}={token}"
-    prefix = f"serving{os.getpid()}-{secrets.token_hex(3)}-"
+    prefix = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(3)}-"
     args = [
         str(root / "bin" / "tritonserver"),
         f"--model-repository={repo_dir}", "--model-control-mode=explicit", "--strict-readiness=true",
@@ -179,7 +193,7 @@ def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, g
              sysconfig.get_paths()["platlib"]]
     env["PYTHONPATH"] = ":".join(dict.fromkeys(p for p in [*paths, env.get("PYTHONPATH", "")] if p))
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    return ServerCommand(args, env, token)
+    return ServerCommand(args, env, token, prefix)
 
 
 def start_server(cmd: ServerCommand) -> subprocess.Popen:
