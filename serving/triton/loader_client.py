@@ -72,7 +72,7 @@ class LoaderClient:
         try:
             r = await self._client().post(f"{self.url}/models/{name}/load", params={"timeout_s": timeout_s},
                                           headers=auth_headers(self.token()), timeout=timeout_s + 5.0)
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.ConnectTimeout):  # no loader (no budget): not a cold model
             self._gone()
             return False
         except httpx.HTTPError as exc:
