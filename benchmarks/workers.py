@@ -6,8 +6,8 @@ Two measurements of the worker processes, on one stack started as a user starts 
 - **protocol**: the same W1 and W2 tensors (one corpus text a request, tokenized beforehand)
   over gRPC and over HTTP v2 (binary tensors), both with NVIDIA's clients, 16 clients each with
   its own connection, against the same single worker process; the ratio gRPC / HTTP.
-- **scaling**: ``/serve`` at 16 keep-alive connections (benchmarks.loadgen, ``--requests`` each
-  run, a new client process and new connections every run) on W0 (an echo endpoint) and W1
+- **scaling**: ``/serve`` at 16 keep-alive connections (wrk for ``--seconds``, else
+  benchmarks.loadgen for ``--requests``; a new client process and new connections every run) on W0 (an echo endpoint) and W1
   (tokenizer + onnxruntime), with 1, 2 and 4 worker processes, ``--repeats`` times each, against
   ``serving worker`` (a SO_REUSEPORT socket per process) and, in the same run, against the same
   app under uvicorn's own ``--workers`` (one socket shared by every process: the model before).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import wrk_load
 from benchmarks.corpus import read_corpus, write_corpus
 from benchmarks.procs import REPO, child_env, free_port, process, wait_http
 from benchmarks.systems import platform
@@ -96,15 +98,22 @@ class Sampler:
                                 reverse=True)}
 
 
-def serve_level(url: str, corpus: Path, requests: int, manager_pid: int, port: int) -> dict:
+def serve_level(url: str, corpus: Path, requests: int, seconds: float, manager_pid: int, port: int) -> dict:
+    """One run at 16 new keep-alive connections: wrk for ``seconds`` when installed (its client costs
+    the shared cores little), else the Python generator for ``requests``."""
     sampler = Sampler(manager_pid, port)
-    args = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--payload", "text_json", "--corpus",
-            str(corpus), "--concurrency", str(CONNECTIONS), "--requests", str(requests), "--warmup-requests", "0"]
-    out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900)
-    spread = sampler.stop()
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    level = json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        if wrk_load.available():
+            level = wrk_load.run_level(url, "text_json", corpus, CONNECTIONS, 0.0, seconds)
+        else:
+            args = [sys.executable, "-m", "benchmarks.loadgen", "--url", url, "--payload", "text_json", "--corpus",
+                    str(corpus), "--concurrency", str(CONNECTIONS), "--requests", str(requests),
+                    "--warmup-requests", "0"]
+            out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900,
+                                 check=True)
+            level = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        spread = sampler.stop()
     return {"rps": round(level["rps"], 1), "p99_ms": round(level["p99_ms"], 1),
             "errors": level.get("errors", 0), **spread}
 
@@ -113,7 +122,7 @@ def start_workers(env: dict, processes: int, model: str, log_dir: Path):
     """``serving worker`` (per-process sockets) or uvicorn's ``--workers`` (one shared socket)."""
     port = free_port()
     extra = {**env, "SERVING_WORKER_PORT": str(port), "SERVING_WORKER_GRPC_PORT": "0",
-             "SERVING_WORKER_CACHE": str(log_dir / f"cache-{model}-{processes}.json")}
+             "SERVING_WORKER_CACHE": str(log_dir / "home" / f"cache-{model}-{processes}.json")}  # fresh each run
     if model == "reuseport":
         args = ["-m", "serving.cli.main", "worker", "--workers", str(processes)]
     else:
@@ -123,7 +132,8 @@ def start_workers(env: dict, processes: int, model: str, log_dir: Path):
     return port, process(args, log_dir / f"worker-{model}-{processes}.log", env=extra)
 
 
-def scaling(env: dict, log_dir: Path, corpora: dict[str, Path], repeats: int, requests: dict[str, int]) -> list:
+def scaling(env: dict, log_dir: Path, corpora: dict[str, Path], repeats: int, requests: dict[str, int],
+            seconds: float) -> list:
     rows = []
     for processes in (1, 2, 4):
         for model in ("reuseport", "shared"):
@@ -135,7 +145,7 @@ def scaling(env: dict, log_dir: Path, corpora: dict[str, Path], repeats: int, re
                     platform.wait_serving(f"{url}/serve/{endpoint}", {"text": "warm up"}, 180, [proc],
                                           streak=8 * processes)
                     runs = [serve_level(f"{url}/serve/{endpoint}", corpora[endpoint], requests[endpoint],
-                                        proc.pid, port) for _ in range(repeats)]
+                                        seconds, proc.pid, port) for _ in range(repeats)]
                     rps = [r["rps"] for r in runs]
                     row = {"workload": endpoint, "processes": processes, "sockets": model, "runs": runs,
                            "rps_min": min(rps), "rps_max": max(rps), "spread": round(max(rps) / min(rps), 2)}
@@ -159,10 +169,12 @@ def protocol(env: dict, worker_port: int, grpc_port: int, tokens: dict[str, Path
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.workers", description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--requests", type=int, default=5000, help="per scaling run on W0 (W1: a fifth)")
+    p.add_argument("--requests", type=int, default=5000, help="per scaling run on W0 (W1: a quarter)")
     p.add_argument("--duration-s", type=float, default=10.0, help="per protocol level")
+    p.add_argument("--seconds", type=float, default=5.0, help="per scaling run, with wrk")
     p.add_argument("--parts", default="protocol,scaling")
     a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stacks it started, as on Ctrl-C
     parts = set(a.parts.split(","))
     log_dir = RESULTS / "logs" / "workers"
     home = log_dir / "home"
@@ -194,7 +206,7 @@ def main() -> None:
                                           tokens, a.duration_s)
         if "scaling" in parts:
             result["scaling"] = scaling(env, log_dir, {"W0": corpus["W0"], "W1": corpus["W1"]}, a.repeats,
-                                        {"W0": a.requests, "W1": max(500, a.requests // 5)})
+                                        {"W0": a.requests, "W1": max(300, a.requests // 4)}, a.seconds)
     result["load_after"] = list(psutil.getloadavg())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "workers.json").write_text(json.dumps(result, indent=1))
