@@ -91,7 +91,7 @@ def stack(tmp_path_factory, tiny_model):
     code.write_text(PREPROCESS.format(tokenizer=str(tiny_model.tokenizer_dir)))
     try:
         s.start_control_plane()
-        s.start("statistics", ["statistics"], f"http://127.0.0.1:{s.env['SERVING_STATISTICS_PORT']}/health")
+        s.start_statistics()
         s.start_worker(0)
         s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
         s.cli("model", "upload", "--name", "clf", "--path", str(candidate.onnx_path))

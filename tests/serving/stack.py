@@ -71,6 +71,12 @@ class Stack:
         self.start(f"worker{i}", ["worker"], f"http://127.0.0.1:{port}/v2/health/live",
                    {"SERVING_WORKER_PORT": str(port), "SERVING_WORKER_CACHE": str(self.home / f"worker{i}.json")})
 
+    def statistics_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['SERVING_STATISTICS_PORT']}"
+
+    def start_statistics(self) -> None:
+        self.start("statistics", ["statistics"], f"{self.statistics_url()}/health")
+
     def start_triton(self) -> None:
         port = self.env["SERVING_TRITON_HTTP_PORT"]
         self.start("triton", ["triton"], f"http://127.0.0.1:{port}/v2/health/live", timeout=120)

@@ -90,7 +90,7 @@ def stack(tmp_path_factory):
     stack.env["SERVING_CLIENT_KEYS_REQUIRED"] = "true"
     try:
         stack.start_control_plane()
-        stack.start("statistics", ["statistics"], f"http://127.0.0.1:{stack.env['SERVING_STATISTICS_PORT']}/health")
+        stack.start_statistics()
         stack.start_worker(0)
         for name in ("echo", "other"):
             stack.cli("model", "add", "--endpoint", name, "--engine", "custom", "--preprocess", str(ECHO))

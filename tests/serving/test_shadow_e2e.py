@@ -53,11 +53,10 @@ def shadow_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model, shadow_model):
     s = make_stack(tmp_path_factory.mktemp("shadow-stack"), workers=1)
-    stats_port = s.env["SERVING_STATISTICS_PORT"]
     s.env["SERVING_STATISTICS_HOST"] = "127.0.0.1"
     try:
         s.start_control_plane()
-        s.start("statistics", ["statistics"], f"http://127.0.0.1:{stats_port}/health")
+        s.start_statistics()
         s.start_worker(0)
         s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
         s.cli("model", "upload", "--name", "clf", "--path", str(shadow_model.onnx_path))

@@ -177,7 +177,7 @@ def stack(tmp_path_factory):
     s.env["SERVING_STATISTICS_HOST"] = "127.0.0.1"
     try:
         s.start_control_plane()
-        s.start("statistics", ["statistics"], f"http://127.0.0.1:{s.env['SERVING_STATISTICS_PORT']}/health")
+        s.start_statistics()
         s.start_triton()
         s.start_worker(0)
         yield s

@@ -19,7 +19,7 @@ def stack(tmp_path_factory) -> Stack:
     stack.env["SERVING_STATISTICS_PORT"] = str(free_port())
     stack.env.pop("SERVING_WORKER_TOKEN", None)
     stack.start_control_plane()
-    stack.start("statistics", ["statistics"], f"{stats_url(stack)}/health")
+    stack.start_statistics()
     try:
         yield stack
     finally:
