@@ -37,7 +37,7 @@ def worker(workers: int = typer.Option(1, help="worker processes sharing the por
 
 
 def triton() -> None:
-    """Run an embedded real Triton (PyTriton) serving the registry's ONNX models."""
+    """Run an embedded real Triton (tritonserver, models in its Python backend) serving the registry's ONNX models."""
     from serving.triton.embedded import run_embedded_triton
 
     run_embedded_triton(TritonSettings())
