@@ -40,6 +40,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.procs import run_threads
 from serving.triton.budget import MB
 from serving.triton.python_backend import instance_layout
 from tests.serving.stack import make_stack
@@ -116,11 +117,7 @@ def busy(url: str, name: str, inputs: dict, seconds: float, clients: int = 8) ->
                     statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
 
     t0 = time.monotonic()
-    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(client_loop, clients)
     quarter = seconds / 4
     first = sum(1 for t in stamps if t - t0 < quarter) / quarter
     last = sum(1 for t in stamps if t - t0 >= seconds - quarter) / quarter

@@ -11,10 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 
@@ -107,3 +108,12 @@ def descendants(pid: int) -> list[int]:
         out.append(current)
         todo.extend(children.get(current, []))
     return out
+
+
+def run_threads(target: Callable[[], None], count: int) -> None:
+    """``count`` threads of ``target`` side by side (load clients, streams); returns when all end."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

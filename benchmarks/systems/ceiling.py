@@ -18,14 +18,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.corpus import read_corpus
-from benchmarks.procs import REPO, child_env
+from benchmarks.procs import REPO, child_env, run_threads
 from benchmarks.results import LevelResult, SystemResult
 from benchmarks.systems.base import RunContext, System
 from benchmarks.systems.ort_session import classify, providers, session, tokenizer
@@ -51,11 +50,7 @@ def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float, 
             mine += 1
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=stream) for _ in range(streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(stream, streams)
     wall = time.perf_counter() - t0
     done = len(latencies) * batch
     lat = np.asarray(latencies) * 1000.0

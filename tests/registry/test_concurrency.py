@@ -16,7 +16,7 @@ import pytest
 
 from tests.registry.test_api import tiny_onnx
 from tests.serving.stack import make_stack
-from tests.support.procs import REPO, wait_http
+from tests.support.procs import REPO
 
 CONCURRENCY = 8
 
@@ -24,7 +24,6 @@ CONCURRENCY = 8
 @pytest.fixture
 def control_plane(database_url: str, tmp_path: Path):
     stack = make_stack(tmp_path / "home", workers=0)
-    (tmp_path / "home").mkdir()
     stack.env["SERVING_DATABASE_URL"] = database_url
     stack.start_control_plane()
     try:
@@ -57,13 +56,18 @@ def test_40_concurrent_uploads_of_one_name_give_40_contiguous_versions(control_p
     assert sorted(m["metadata"]["i"] for m in models) == list(range(40))
 
 
+def model_versions(client, tmp_path, count: int) -> str:
+    """Model ``m`` with versions 1..count of one tiny ONNX; its artifact's sha256."""
+    sha = client.post("/artifacts", content=tiny_onnx(tmp_path / "m.onnx").read_bytes()).json()["sha256"]
+    for _ in range(count):
+        assert client.post("/models", json={"name": "m", "artifact": sha}).status_code == 201
+    return sha
+
+
 @pytest.mark.timeout(180)
 def test_concurrent_promote_rollback_weights_delete_never_500(control_plane, tmp_path):
-    data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
     with control_plane.api(timeout=60) as client:
-        sha = client.post("/artifacts", content=data).json()["sha256"]
-        for _ in range(3):
-            assert client.post("/models", json={"name": "m", "artifact": sha}).status_code == 201
+        sha = model_versions(client, tmp_path, 3)
         statuses: list[int] = []
         for _round in range(3):
             assert client.post("/endpoints", json={"endpoint": "e", "model": "m", "version": 1}).status_code == 201
@@ -101,11 +105,8 @@ BAD_REQUESTS = [
 
 @pytest.mark.timeout(120)
 def test_out_of_range_and_non_finite_numbers_are_422(control_plane, tmp_path):
-    data = tiny_onnx(tmp_path / "m.onnx").read_bytes()
     with control_plane.api(timeout=30) as client:
-        sha = client.post("/artifacts", content=data).json()["sha256"]
-        for _ in range(2):
-            client.post("/models", json={"name": "m", "artifact": sha})
+        sha = model_versions(client, tmp_path, 2)
         client.post("/endpoints", json={"endpoint": "e", "model": "m", "version": 1})
         client.post("/endpoints", json={"endpoint": "e", "model": "m", "version": 2, "canary": 10})
         before = client.get("/endpoints/e").json()
@@ -133,7 +134,6 @@ def test_concurrent_cli_uploads_of_one_name_all_succeed(control_plane, tmp_path)
 @pytest.mark.timeout(120)
 def test_temp_file_of_an_upload_killed_midway_is_removed_at_restart(tmp_path):
     stack = make_stack(tmp_path / "home", workers=0)
-    (tmp_path / "home").mkdir()
     artifacts = tmp_path / "home" / "artifacts"
     try:
         proc = stack.start("control-plane", ["control-plane"], f"{stack.control_plane}/health")

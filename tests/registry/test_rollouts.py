@@ -90,9 +90,7 @@ def stack(tmp_path_factory, tiny_model):
     code = home / "preprocess.py"
     code.write_text(PREPROCESS.format(tokenizer=str(tiny_model.tokenizer_dir)))
     try:
-        s.start_control_plane()
-        s.start_statistics()
-        s.start_worker(0)
+        s.start_components()
         s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
         s.cli("model", "upload", "--name", "clf", "--path", str(candidate.onnx_path))
         for ep in ("healthy", "flaky", "slow", "restart"):

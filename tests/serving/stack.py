@@ -81,6 +81,18 @@ class Stack:
         port = self.env["SERVING_TRITON_HTTP_PORT"]
         self.start("triton", ["triton"], f"http://127.0.0.1:{port}/v2/health/live", timeout=120)
 
+    def start_components(self, statistics: bool = True, triton: bool = False) -> "Stack":
+        """The platform as separate processes, as a deployment runs it: control plane, statistics
+        service, embedded Triton, and each worker on its own port (so a test knows which it reaches)."""
+        self.start_control_plane()
+        if statistics:
+            self.start_statistics()
+        if triton:
+            self.start_triton()
+        for i in range(len(self.worker_ports)):
+            self.start_worker(i)
+        return self
+
     def up(self, workers: int = 2, *args: str, cwd: Path = REPO, timeout: float = 150.0,
            ready: str | None = None) -> subprocess.Popen:
         """`serving up [ARGS]`: control plane, embedded Triton, statistics and ``workers`` worker

@@ -89,9 +89,7 @@ def stack(tmp_path_factory):
     stack = make_stack(tmp_path_factory.mktemp("keys-e2e"), workers=1)
     stack.env["SERVING_CLIENT_KEYS_REQUIRED"] = "true"
     try:
-        stack.start_control_plane()
-        stack.start_statistics()
-        stack.start_worker(0)
+        stack.start_components()
         for name in ("echo", "other"):
             stack.cli("model", "add", "--endpoint", name, "--engine", "custom", "--preprocess", str(ECHO))
         yield stack

@@ -89,13 +89,7 @@ def start_stack(home: Path, triton: bool) -> Stack:
     stack = make_stack(home, workers=2)
     stats_port = stack.env["SERVING_STATISTICS_PORT"]
     stack.env["SERVING_STATISTICS_URL"] = f"http://127.0.0.1:{stats_port}"
-    stack.start_control_plane()
-    stack.start_statistics()
-    if triton:
-        stack.start_triton()
-    stack.start_worker(0)  # two worker processes, each with its own port, so a client knows which it reaches
-    stack.start_worker(1)
-    return stack
+    return stack.start_components(triton=triton)  # two worker processes, each on its own port
 
 
 def show_logs(stack: Stack) -> None:

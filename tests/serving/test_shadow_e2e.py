@@ -55,9 +55,7 @@ def stack(tmp_path_factory, tiny_model, shadow_model):
     s = make_stack(tmp_path_factory.mktemp("shadow-stack"), workers=1)
     s.env["SERVING_STATISTICS_HOST"] = "127.0.0.1"
     try:
-        s.start_control_plane()
-        s.start_statistics()
-        s.start_worker(0)
+        s.start_components()
         s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
         s.cli("model", "upload", "--name", "clf", "--path", str(shadow_model.onnx_path))
         s.cli("model", "add", "--endpoint", EP, "--model", "clf:1", "--engine", "onnxruntime",

@@ -176,10 +176,7 @@ def stack(tmp_path_factory):
     s.env["SERVING_TRITON_MODEL_REPOSITORY"] = str(s.home / "external-triton")  # the control plane writes it
     s.env["SERVING_STATISTICS_HOST"] = "127.0.0.1"
     try:
-        s.start_control_plane()
-        s.start_statistics()
-        s.start_triton()
-        s.start_worker(0)
+        s.start_components(triton=True)
         yield s
     finally:
         s.stop_all()
