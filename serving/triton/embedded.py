@@ -35,6 +35,7 @@ from serving.credentials import worker_token
 from serving.readiness_report import ReadinessReporter, process_id
 from serving.ort import session as ort_session
 from serving.settings import TritonSettings
+from serving.supervisor import stop_process
 from serving.triton.budget import MB, MemoryBudget
 from serving.triton.loader import ModelLoader
 from serving.triton.loader_http import LoaderServer
@@ -399,16 +400,6 @@ def _wait_live(server: subprocess.Popen, http_url: str, stop: threading.Event, t
     raise RuntimeError(f"tritonserver not live at {http_url} after {timeout:.0f}s")
 
 
-def _stop_server(server: subprocess.Popen, grace_s: float) -> None:
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(grace_s)
-
-
 def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | None, own_process: bool,
               known_good: dict[str, str]) -> bool:
     """One tritonserver's life; True if it died under us."""
@@ -452,7 +443,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
             binder.close()
             if binder.reporter is not None:
                 binder.reporter.stop(say_gone=not died)
-        _stop_server(server, 0.3 if died else 6.0)
+        stop_process(server, 0.3 if died else 6.0)
         if own_process:  # after a crash nothing is worth waiting for: every second is downtime
             n = kill_descendants(grace_s=0.3 if died else 3.0)
             if n:

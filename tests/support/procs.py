@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from serving.supervisor import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -81,10 +83,4 @@ def serving_process(args: list[str], env: dict[str, str], log: Path) -> Iterator
 
 
 def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, timeout)
