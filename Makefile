@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/serving demo
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 bench: setup
 	.venv/bin/python -m benchmarks.run --quick

@@ -107,6 +107,7 @@ class Shell:
                                      cwd=cwd, env=env, start_new_session=True)
         self.netns = netns
         self.count = 0
+        self.home = f"SERVING_HOME={env['SERVING_HOME']}".encode() if env.get("SERVING_HOME") else None
 
     def type(self, line: str, timeout: float) -> tuple[int, str]:
         """Run one line as typed; its exit status and what the terminal showed meanwhile."""
@@ -160,7 +161,20 @@ class Shell:
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(family, timeout=10)
+        self._kill_the_rest()
         self._out.close()
+
+    def _kill_the_rest(self) -> None:
+        """What was started after ``family`` was listed (a process started while the stack stopped,
+        multiprocessing's resource tracker) still carries this shell's SERVING_HOME."""
+        if self.home is None:
+            return
+        for proc in psutil.process_iter():
+            try:
+                if self.home in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0"):
+                    proc.kill()
+            except (OSError, psutil.Error):
+                pass
 
 
 def _is_child(proc: psutil.Process, parent: int) -> bool:

@@ -95,9 +95,13 @@ def _mapped_shm() -> set[str]:
 
 
 def _describe(proc: psutil.Process) -> str:
+    """Its command line, and the SERVING_HOME it runs under: tests give each stack a home of its
+    own, so that names the test that started it."""
     try:
-        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
-    except psutil.Error:
+        home = next((v for v in Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+                     if v.startswith(b"SERVING_HOME=")), b"").decode(errors="replace")
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]} {home}".rstrip()
+    except (OSError, psutil.Error):
         return f"pid {proc.pid}"
 
 

@@ -41,8 +41,10 @@ def scraped(prom: Prometheus, stats_service: Service) -> set[str]:
                                     ("dash-e", 3, 40, "shadow", 54), ("dash-e", 1, 40, "keys", 55)])
     prom.wait_for('count(serving_drift_psi{endpoint="dash-e"})', lambda v: v >= 3)
     names = {s.name for f in text_string_to_metric_families(stats_service.metrics()) for s in f.samples}
+    # Prometheus has every family once a scrape after the last events is in (its interval is seconds)
+    wait_until(lambda: names <= prom.metric_names(), timeout=60,
+               what="Prometheus to scrape every metric family", on_timeout=lambda: str(names - prom.metric_names()))
     in_prometheus = prom.metric_names()
-    assert names <= in_prometheus, names - in_prometheus
     return names | (SYNTHETIC & in_prometheus)
 
 
