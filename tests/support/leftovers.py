@@ -66,7 +66,7 @@ def _marked(marker: str) -> list[psutil.Process]:
     found, own = [], os.getpid()
     needle = f"{MARKER}={marker}".encode()
     for proc in psutil.process_iter():
-        if proc.pid == own:
+        if proc.pid == own or _own_resource_tracker(proc, own):
             continue
         try:
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
@@ -75,6 +75,15 @@ def _marked(marker: str) -> list[psutil.Process]:
         if needle in environ.split(b"\0"):
             found.append(proc)
     return found
+
+
+def _own_resource_tracker(proc: psutil.Process, own: int) -> bool:
+    """multiprocessing's resource tracker of the test process itself (a library used multiprocessing
+    in-process): it lives as long as pytest does and ends with it, so it is no leftover."""
+    try:
+        return proc.ppid() == own and "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _mapped_shm() -> set[str]:
