@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def providers() -> list[str]:
     """CUDA when this onnxruntime build has it (onnxruntime-gpu), so a GPU box needs no other
@@ -29,3 +31,19 @@ def session(path: Path, threads: int) -> Any:
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=options, providers=providers())
+
+
+def string_feeds(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """BYTES tensors arrive as bytes objects (the v2 codec, gRPC, Triton's ``as_numpy``), and
+    onnxruntime would take ``str()`` of each ("b'caf\\xc3\\xa9'" in the model): decode them as
+    UTF-8, the only text a string tensor holds. A ValueError names an input that is not UTF-8."""
+    feeds = {}
+    for name, array in inputs.items():
+        if array.dtype == np.object_ and array.size and isinstance(array.flat[0], (bytes, bytearray)):
+            try:
+                array = np.array([v.decode() if isinstance(v, (bytes, bytearray)) else v for v in array.ravel()],
+                                 dtype=np.object_).reshape(array.shape)
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"input {name!r}: a string tensor's elements must be UTF-8 text ({exc})") from None
+        feeds[name] = array
+    return feeds

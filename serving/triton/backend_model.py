@@ -118,9 +118,17 @@ def run_batch(session: Any, input_names: list[str], output_names: list[str],
     concatenated and run together (Triton's batcher only groups same-shape requests, so that is
     normally the whole batch), padding taken out with ``trim``; without batching
     (``max_batch_size: 0``) each request is run alone, its shapes are whole shapes."""
+    from serving.ort import string_feeds  # no fallback: a string tensor must never reach onnxruntime as bytes
+
     results: list[Any] = [None] * len(feeds_per_request)
+    feeds_per_request = list(feeds_per_request)
     groups: dict[tuple, list[int]] = {}
     for i, feeds in enumerate(feeds_per_request):
+        try:
+            feeds_per_request[i] = feeds = string_feeds(feeds)
+        except ValueError as exc:  # this request fails, the others are answered
+            results[i] = exc
+            continue
         key = tuple((n, feeds[n].shape[1:], str(feeds[n].dtype)) for n in input_names) if batched else (i,)
         groups.setdefault(key, []).append(i)
     for members in groups.values():

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from serving.ort import session as ort_session
+from serving.ort import string_feeds
 from serving.worker.errors import BadRequest, ModelNotReady, brief
 from serving.worker.runtime import Target
 
@@ -70,7 +71,11 @@ class OnnxRuntimeEngine:
         names = target.output_names or [o.name for o in session.get_outputs()]
         loop = asyncio.get_running_loop()
         try:
-            values = await loop.run_in_executor(self._executor, session.run, names, ort_feeds(inputs))
+            feeds = string_feeds(inputs)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        try:
+            values = await loop.run_in_executor(self._executor, session.run, names, feeds)
         except Exception as exc:  # onnxruntime raises its own types for bad shapes/dtypes
             raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {brief(exc)}") from None
         return dict(zip(names, values))
@@ -89,17 +94,3 @@ class OnnxRuntimeEngine:
 def create(settings: Any, artifact_path: Callable[[str], Path]) -> OnnxRuntimeEngine:
     return OnnxRuntimeEngine(artifact_path, settings.ort_threads, settings.resolved_ort_parallel())
 
-
-def ort_feeds(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """BYTES tensors arrive as bytes objects; onnxruntime takes strings and would str() bytes
-    ("b'caf\\xc3\\xa9'" in the model): decode them as UTF-8, the only text a string tensor holds."""
-    feeds = {}
-    for name, array in inputs.items():
-        if array.dtype == np.object_ and array.size and isinstance(array.flat[0], (bytes, bytearray)):
-            try:
-                array = np.array([v.decode() if isinstance(v, (bytes, bytearray)) else v for v in array.ravel()],
-                                 dtype=np.object_).reshape(array.shape)
-            except UnicodeDecodeError as exc:
-                raise BadRequest(f"input {name!r}: a string tensor's elements must be UTF-8 text ({exc})") from None
-        feeds[name] = array
-    return feeds

@@ -177,3 +177,23 @@ def test_model_py_without_batching_runs_each_request_whole(tmp_path, tiny_model,
     responses = model.execute(requests)
     for req, resp in zip(requests, responses):
         np.testing.assert_allclose(resp.outputs["logits"], direct(tiny_model, [req]), atol=1e-5)
+
+
+def test_model_py_gives_string_tensors_to_onnxruntime_as_text(tmp_path):
+    """Triton's ``as_numpy`` hands a BYTES tensor over as bytes objects; onnxruntime must get the text
+    (it took str() of the bytes: "b'caf\\xc3\\xa9'" came back with status 200). A request that is not
+    UTF-8 fails alone."""
+    from serving.triton.backend_model import run_batch
+    from tests.serving.worker.grpc_worker import tensor_model
+
+    path = tensor_model(tmp_path / "strings.onnx")
+    session = ort.InferenceSession(str(path))
+    x = np.ones((2, 3), np.float32)
+    good = {"x": x, "s": np.array(["café".encode(), b"ok"], dtype=np.object_)}
+    bad = {"x": x, "s": np.array([b"\xff", b"ok"], dtype=np.object_)}
+    outputs = [o.name for o in session.get_outputs()]
+    answered, refused = run_batch(session, ["x", "s"], outputs, [good, bad], batched=True)
+    expected = dict(zip(outputs, session.run(outputs, {"x": x, "s": np.array(["café", "ok"], dtype=np.object_)})))
+    assert answered["t"].tolist() == ["café", "ok"] == expected["t"].tolist()
+    np.testing.assert_allclose(answered["y"], expected["y"])
+    assert isinstance(refused, ValueError) and "'s'" in str(refused) and "UTF-8" in str(refused)
