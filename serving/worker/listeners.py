@@ -1,10 +1,11 @@
-"""One listening socket per worker process (``SO_REUSEPORT``), so the kernel spreads connections evenly.
+"""One listening socket per worker process (``SO_REUSEPORT``), so no process sits idle.
 
 With one socket shared by every process, whichever process wakes first accepts all the
 connections queued at that moment: 16 keep-alive connections opened together could all land in
 one process while the others idled (issue 19: 1,988 against 4,925 req/s between two runs). With a
 socket per process in one ``SO_REUSEPORT`` group the kernel hashes each new connection's addresses
-to one socket, so every process gets its share whatever the client does.
+to one socket, so every process gets connections whatever the client does; the hash does not make
+the shares equal (16 connections split 11/5 or 13/3 over two processes in docs/benchmarks.md).
 
 With several processes each binds its own socket once its app has started (config applied, models
 loaded: uvicorn binds after the lifespan), as its gRPC server does: a process killed takes its
