@@ -77,7 +77,8 @@ CONVERTER = re.compile(r"\{(\w+):\w+\}")  # "{name:path}" -> "{name}": a rule na
 
 
 def allowed_roles(method: str, path: str) -> frozenset[str]:
-    rule = RULES.get((method, CONVERTER.sub(r"{\1}", path)))
+    """``path``: the route's template, its converters taken out (``authorize`` does that once)."""
+    rule = RULES.get((method, path))
     if rule is not None:
         return rule
     return READERS if method in READ_METHODS else CHANGERS

@@ -12,6 +12,7 @@ from registry.api import create_app
 from serving.settings import ControlPlaneSettings
 from tests.registry.test_api import tiny_onnx
 from tests.serving.stack import Stack, make_stack
+from tests.support.procs import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,9 @@ def test_audit_log_records_who_did_what(stack, tmp_path):
         c.delete("/endpoints/ae", headers=alice)  # refused: recorded as denied
         assert c.get("/audit", headers={"Authorization": "Bearer nope"}).status_code == 401
         viewer = make_token(stack, "auditor", "viewer")
-        log = c.get("/audit", params={"limit": 50}, headers=viewer).json()
+        # an entry is written just after its answer is sent: the last one may trail the client a little
+        log = wait_until(lambda: (entries := c.get("/audit", params={"limit": 50}, headers=viewer).json())
+                         and sum(e["actor"] == "alice" for e in entries) >= 4 and entries, 10, "alice's 4 entries")
     mine = [(e["action"], e["target"], e["detail"]["status"]) for e in log if e["actor"] == "alice"]
     assert mine[::-1] == [("POST /artifacts", "", 201), ("POST /models", "am", 201),
                           ("POST /endpoints", "ae", 201), ("DELETE /endpoints/{name}", "ae", 403)]
