@@ -80,12 +80,12 @@ class OnnxRuntimeEngine:
             raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {brief(exc)}") from None
         return dict(zip(names, values))
 
-    async def ready(self, target: Target) -> bool:
-        return target.artifact in self._sessions
-
     def is_ready(self, target: Target) -> bool:
         """Readiness gate: the session opens in ``prepare``, before the config is swapped in."""
         return target.artifact in self._sessions
+
+    async def ready(self, target: Target) -> bool:
+        return self.is_ready(target)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False)
