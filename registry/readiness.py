@@ -60,21 +60,36 @@ class ReadinessBook:
                 while len(self._reports) > MAX_SOURCES:
                     del self._reports[next(iter(self._reports))]
 
-    def live(self, kind: str | None = None) -> list[tuple[float, ReadinessReport]]:
+    def live(self) -> list[tuple[float, ReadinessReport]]:
+        """The reports of processes heard from within ``ttl_s`` (the others are forgotten now)."""
         now = self.clock()
         with self._lock:
             for source in [s for s, (at, _) in self._reports.items() if now - at > self.ttl_s]:
                 del self._reports[source]
-            return [(at, r) for at, r in self._reports.values() if kind is None or r.kind == kind]
+            return list(self._reports.values())
 
     def endpoint_status(self, name: str, snapshot: dict) -> dict[str, Any]:
         spec = (snapshot.get("endpoints") or {}).get(name)
         if spec is None:
             raise NotFound(f"endpoint {name!r} not found")
-        revision = int(snapshot.get("revision", -1))
+        return self._status(name, spec, int(snapshot.get("revision", -1)), self.live())
+
+    def summary(self, snapshot: dict) -> dict[str, dict[str, Any]]:
+        """Each endpoint's state and error, for `serving endpoint list` (the reports read once)."""
+        revision, reports = int(snapshot.get("revision", -1)), self.live()
+        out = {}
+        for name, spec in (snapshot.get("endpoints") or {}).items():
+            status = self._status(name, spec, revision, reports)
+            out[name] = {"state": status["state"], "error": status["error"],
+                         "workers": len(status["workers"]),
+                         "ready_workers": sum(w["state"] == "ready" for w in status["workers"])}
+        return out
+
+    def _status(self, name: str, spec: dict, revision: int,
+                reports: list[tuple[float, ReadinessReport]]) -> dict[str, Any]:
         now = self.clock()
-        workers = [_worker_line(r, name, revision, now - at) for at, r in self.live("worker")]
-        triton = _triton_failures(spec, [r for _, r in self.live("triton")])
+        workers = [_worker_line(r, name, revision, now - at) for at, r in reports if r.kind == "worker"]
+        triton = _triton_failures(spec, [r for _, r in reports if r.kind == "triton"])
         errors = [w["error"] for w in workers if w["state"] == "failed"] + triton
         if errors:
             state = "failed"
@@ -85,16 +100,6 @@ class ReadinessBook:
         wanted = [[t["version"], t.get("weight", 0), t.get("role", "stable")] for t in spec.get("targets") or []]
         return {"endpoint": name, "revision": revision, "state": state, "error": errors[0] if errors else None,
                 "targets": wanted, "workers": workers}
-
-    def summary(self, snapshot: dict) -> dict[str, dict[str, Any]]:
-        """Each endpoint's state and error, for `serving endpoint list`."""
-        out = {}
-        for name in snapshot.get("endpoints") or {}:
-            status = self.endpoint_status(name, snapshot)
-            out[name] = {"state": status["state"], "error": status["error"],
-                         "workers": len(status["workers"]),
-                         "ready_workers": sum(w["state"] == "ready" for w in status["workers"])}
-        return out
 
 
 def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float) -> dict[str, Any]:
