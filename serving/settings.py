@@ -57,7 +57,9 @@ class WorkerSettings(CommonSettings):
     worker_cache: Path | None = None
     max_body_bytes: int = 1_048_576
     triton_grpc_url: str = "127.0.0.1:8001"
-    triton_loader_url: str = "http://127.0.0.1:8003"  # embedded Triton's load-on-demand endpoint (memory budget)
+    # the embedded Triton's load-on-demand endpoint (memory budget); empty: none, so the worker token is
+    # never sent to a port nobody configured
+    triton_loader_url: str = ""
     kafka_bootstrap_servers: str | None = None
     kafka_topic: str = "serving-statistics"
     statistics_host: str = "127.0.0.1"

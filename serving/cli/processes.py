@@ -57,7 +57,8 @@ def stack_env(home: str, workers_port: int) -> dict[str, str]:
     cp, tr = ControlPlaneSettings(), TritonSettings()
     env["SERVING_CONTROL_PLANE_URL"] = f"http://{cp.control_plane_host}:{cp.control_plane_port}"
     env.setdefault("SERVING_TRITON_GRPC_URL", f"127.0.0.1:{tr.triton_grpc_port}")
-    env.setdefault("SERVING_TRITON_LOADER_URL", f"http://127.0.0.1:{tr.triton_loader_port}")
+    if tr.triton_memory_budget_mb > 0:  # only then does the embedded Triton listen for load requests
+        env.setdefault("SERVING_TRITON_LOADER_URL", f"http://127.0.0.1:{tr.triton_loader_port}")
     env["SERVING_WORKER_PORT"] = str(workers_port)
     return env
 

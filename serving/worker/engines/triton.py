@@ -162,5 +162,6 @@ class TritonEngine:
 def create(settings: Any, artifact_path: Any) -> TritonEngine:
     from serving.credentials import worker_token
 
-    loader = LoaderClient(settings.triton_loader_url, lambda: worker_token(settings))
+    url = settings.triton_loader_url
+    loader = LoaderClient(url, lambda: worker_token(settings)) if url else None
     return TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching, loader)
