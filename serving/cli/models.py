@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import quote
 
 import typer
-
-from urllib.parse import quote
 
 from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
