@@ -40,7 +40,7 @@ from serving.triton.budget import MB, MemoryBudget
 from serving.triton.loader import ModelLoader
 from serving.triton.loader_http import LoaderServer
 from serving.triton.python_backend import (
-    ACCESS_HEADER, SHM_PREFIX, has_gpu, instance_layout, remove_shm, server_command, start_server, write_entry,
+    ACCESS_HEADER, SHM_PREFIX, control_call, has_gpu, instance_layout, remove_shm, server_command, start_server, write_entry,
 )
 from serving.triton.repository import TritonTarget, triton_targets
 
@@ -219,24 +219,16 @@ class ModelBinder:
             if now - self.unwanted_since.setdefault(name, now) >= UNLOAD_GRACE_S:
                 self._guard(self._unload, name)
 
-    def _client(self, timeout: float) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(self.http_url, network_timeout=timeout, connection_timeout=timeout)
-
     def _lost(self) -> list[str]:
         """Loaded models Triton's repository index does not show READY (with a budget, the loader
         tells cold models from lost ones itself)."""
         if not self.bound or self.loader is not None:
             return []
-        client = self._client(5.0)
         try:
-            index = client.get_model_repository_index(headers=self.headers)
+            index = control_call(self.http_url, self.headers, 5.0, "get_model_repository_index")
         except Exception as exc:  # server down or restarting: the liveness check deals with that
             log.debug("cannot read Triton's repository index: %s", exc)
             return []
-        finally:
-            client.close()
         ready = {m.get("name") for m in index if isinstance(m, dict) and m.get("state") == "READY"}
         return [name for name in self.bound if name not in ready]
 
@@ -278,11 +270,7 @@ class ModelBinder:
         changed = self._write(target, instances, threads)
         if not changed and self.bound.get(target.name) == target.artifact:
             return
-        client = self._client(120.0)
-        try:
-            client.load_model(target.name, headers=self.headers)
-        finally:
-            client.close()
+        control_call(self.http_url, self.headers, 120.0, "load_model", target.name)
         self.bound[target.name] = target.artifact
         log.info("loaded %s (artifact %s, %d instance(s) x %d onnxruntime thread(s))",
                  target.name, target.artifact[:12], instances, threads)
@@ -297,11 +285,7 @@ class ModelBinder:
     def _unload(self, name: str) -> None:
         if self.loader is not None:
             self.loader.forget(name)
-        client = self._client(60.0)
-        try:
-            client.unload_model(name, headers=self.headers)
-        finally:
-            client.close()
+        control_call(self.http_url, self.headers, 60.0, "unload_model", name)
         self.bound.pop(name, None)
         shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         log.info("unloaded %s", name)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from serving.triton.budget import COLD, FAILED, LOADED, LOADING, PROTECT_S, MemoryBudget
+from serving.triton.python_backend import control_call
 
 log = logging.getLogger(__name__)
 
@@ -102,17 +103,8 @@ class ModelLoader:
         self.samples: dict[str, tuple[float, int, int]] = {}  # name -> (t, queue ns, compute ns)
 
     # --- Triton ------------------------------------------------------------------------------
-    def _client(self, timeout: float) -> Any:
-        import tritonclient.http as httpclient
-
-        return httpclient.InferenceServerClient(self.http_url, network_timeout=timeout, connection_timeout=timeout)
-
     def _call(self, timeout: float, method: str, *args: Any) -> Any:
-        client = self._client(timeout)
-        try:
-            return getattr(client, method)(*args, headers=self.headers)
-        finally:
-            client.close()
+        return control_call(self.http_url, self.headers, timeout, method, *args)
 
     def _index(self) -> dict[str, str]:
         return {m["name"]: m.get("state", "") for m in self._call(10.0, "get_model_repository_index")
@@ -200,13 +192,10 @@ class ModelLoader:
             return m.instances if m is not None and m.instances else 1
 
     def _ready(self, name: str) -> bool:
-        client = self._client(5.0)
         try:
-            return bool(client.is_model_ready(name))
+            return bool(self._call(5.0, "is_model_ready", name))
         except Exception:
             return False
-        finally:
-            client.close()
 
     def _load_within_budget(self, name: str, protect: bool, wait_s: float) -> None:
         """Under ``load_lock``: make room (waiting while busy models hold it), then load."""

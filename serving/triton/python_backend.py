@@ -164,6 +164,18 @@ def remove_shm(prefix: str) -> int:
     return removed
 
 
+def control_call(http_url: str, headers: dict[str, str], timeout: float, method: str, *args: Any) -> Any:
+    """One call to the embedded Triton's HTTP API (``headers``: its model-control key), on a client
+    of its own: the binder and the budget's loader call it from different threads."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(http_url, network_timeout=timeout, connection_timeout=timeout)
+    try:
+        return getattr(client, method)(*args, headers=headers)
+    finally:
+        client.close()
+
+
 def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, grpc_port: int,
                    metrics_port: int) -> ServerCommand:
     """tritonserver's command line and environment (what PyTriton builds, minus its proxy)."""
