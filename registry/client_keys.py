@@ -13,12 +13,13 @@ import re
 import secrets
 from datetime import datetime, timezone
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from pydantic import BaseModel, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from registry.auth import NAME, hash_token
+from registry.errors import Conflict, NotFound, Unprocessable
 from registry.orm import ClientKey
 from registry.service import Registry
 
@@ -82,14 +83,14 @@ class ClientKeys:
 
     def create(self, req: ClientKeyCreate) -> tuple[ClientKey, str]:
         if req.burst is not None and req.rate is None:
-            raise HTTPException(422, "burst needs a rate (--rate requests per second)")
+            raise Unprocessable("burst needs a rate (--rate requests per second)")
         key = new_key()
         burst = req.burst if req.burst is not None or req.rate is None else default_burst(req.rate)
 
         def create(s: Session) -> ClientKey:
             row = s.scalar(select(ClientKey).where(ClientKey.name == req.name))
             if row is not None and not row.revoked:
-                raise HTTPException(409, f"a client key named {req.name} exists; revoke it first to replace it")
+                raise Conflict(f"a client key named {req.name} exists; revoke it first to replace it")
             if row is None:
                 row = ClientKey(name=req.name)
                 s.add(row)
@@ -108,7 +109,7 @@ class ClientKeys:
         def revoke(s: Session) -> None:
             row = s.scalar(select(ClientKey).where(ClientKey.name == name))
             if row is None:
-                raise HTTPException(404, f"no client key named {name}")
+                raise NotFound(f"no client key named {name}")
             row.revoked = True
 
         self.registry._write(revoke, f"revoke client key {name}")
