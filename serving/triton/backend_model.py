@@ -150,6 +150,13 @@ def run_batch(session: Any, input_names: list[str], output_names: list[str],
     return results
 
 
+def _error(pb: Any, exc: Exception) -> Any:
+    """The request's error for Triton: a ValueError is the input's fault (a string tensor that is
+    not UTF-8), INVALID_ARG, which the worker answers 400; anything else Triton's default."""
+    code = getattr(pb.TritonError, "INVALID_ARG", None) if isinstance(exc, ValueError) else None
+    return pb.TritonError(str(exc)) if code is None else pb.TritonError(str(exc), code)
+
+
 class TritonPythonModel:
     """Triton's Python-backend contract: initialize / execute / finalize."""
 
@@ -176,7 +183,7 @@ class TritonPythonModel:
         for result in run_batch(self.session, self.input_names, self.output_names, feeds, self.batched,
                                  self.trim):
             if isinstance(result, Exception):
-                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(str(result))))
+                responses.append(pb.InferenceResponse(output_tensors=[], error=_error(pb, result)))
             else:
                 responses.append(pb.InferenceResponse(output_tensors=[
                     pb.Tensor(name, np.ascontiguousarray(value)) for name, value in result.items()]))

@@ -28,6 +28,7 @@ from serving.triton.naming import TRITON_VERSION
 from serving.triton.repository import (
     MARKER, TritonTarget, _add_tensors, _place_file, _write_text, validate_config_pbtxt,
 )
+from serving.triton.shapes import batch_size
 
 BACKEND_MODEL = Path(__file__).with_name("backend_model.py")
 ACCESS_HEADER = "triton-access" + "-token"
@@ -72,7 +73,7 @@ def has_gpu() -> bool:
 def model_config(target: TritonTarget, signature: dict[str, Any], threads: int,
                  instances: int | None = None) -> mc.ModelConfig:
     b = target.batching
-    max_batch = int(b.get("max_batch_size") or 0)
+    max_batch = batch_size(b, signature)
     cfg = mc.ModelConfig(name=target.name, backend="python", max_batch_size=max_batch)
     if max_batch > 0:
         preferred = sorted({int(s) for s in b.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})

@@ -28,6 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.triton.aux_config import is_repeated
 from serving.triton.naming import TRITON_VERSION, triton_model_name
+from serving.triton.shapes import batch_size, config_dims
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +83,16 @@ def triton_dtype(dtype: str) -> int:
 
 def _add_tensors(repeated: Any, specs: list[dict[str, Any]], batched: bool) -> None:
     for spec in specs:
-        shape = list(spec["shape"])
-        dims = shape[1:] if batched else shape  # Triton adds the batch dimension itself
-        repeated.add(name=spec["name"], data_type=triton_dtype(spec["dtype"]), dims=dims or [1])
+        dims, reshape = config_dims(list(spec["shape"]), batched)  # Triton adds the batch dimension itself
+        tensor = repeated.add(name=spec["name"], data_type=triton_dtype(spec["dtype"]), dims=dims)
+        if reshape is not None:
+            tensor.reshape.shape.extend(reshape)
 
 
 def model_config(target: TritonTarget) -> mc.ModelConfig:
     """The ModelConfig message for an ONNX target behind Triton's dynamic batcher."""
     b = target.batching
-    max_batch = int(b.get("max_batch_size") or 0)
+    max_batch = batch_size(b, target.signature)
     cfg = mc.ModelConfig(name=target.name, platform="onnxruntime_onnx", backend="onnxruntime",
                          max_batch_size=max_batch)
     if max_batch > 0:

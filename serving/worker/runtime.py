@@ -7,9 +7,11 @@ control plane's contract asks for).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from preprocess.base import Processor
+from serving.triton.shapes import batch_size, padded
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class Target:
     artifact: str
     inputs: tuple[dict, ...]
     outputs: tuple[dict, ...]
-    max_batch: int = 0  # the endpoint's Triton max_batch_size: 0 means no batching
+    max_batch: int = 0  # the Triton max_batch_size it is served with: 0 means no batching (serving/triton/shapes.py)
     role: str = "stable"  # stable | canary | shadow (weight: percent of requests copied to it, never answered)
 
     @classmethod
@@ -32,11 +34,16 @@ class Target:
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
                    triton_name=t["triton_name"], artifact=t.get("artifact", ""),
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
-                   max_batch=int((batching or {}).get("max_batch_size") or 0), role=str(t.get("role") or "stable"))
+                   max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"))
 
     @property
     def shadow(self) -> bool:
         return self.role == "shadow"
+
+    @cached_property
+    def padded(self) -> dict[str, int]:
+        """Tensors Triton's API carries with a trailing 1 (serving/triton/shapes.py), by model rank."""
+        return padded((*self.inputs, *self.outputs), self.max_batch > 0)
 
     @property
     def output_names(self) -> list[str]:

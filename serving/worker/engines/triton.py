@@ -18,6 +18,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from serving.triton.loader_client import ColdLoadError, LoaderClient
+from serving.triton.shapes import from_api, to_api
 from serving.worker.batcher import MicroBatcher
 from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable, brief
 from serving.worker.runtime import Target
@@ -111,7 +112,7 @@ class TritonEngine:
 
     async def _call_once(self, target: Target, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = []
-        for name, array in inputs.items():
+        for name, array in to_api(inputs, target.padded).items():
             tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
@@ -124,7 +125,7 @@ class TritonEngine:
         except (OSError, asyncio.TimeoutError) as exc:
             raise Unavailable(f"Triton at {self.url} is unreachable ({exc})") from None
         names = target.output_names or [o.name for o in result.get_response().outputs]
-        return {n: result.as_numpy(n) for n in names}
+        return from_api({n: result.as_numpy(n) for n in names}, target.padded)
 
     async def ready(self, target: Target) -> bool:
         try:

@@ -77,11 +77,19 @@ class FakeResponse:
         self.error = error
 
 
+class FakeError(RuntimeError):
+    INVALID_ARG = "INVALID_ARG"
+
+    def __init__(self, message, code="INTERNAL"):
+        super().__init__(message)
+        self.code = code
+
+
 def fake_pb_utils() -> types.ModuleType:
     pb = types.ModuleType("triton_python_backend_utils")
     pb.Tensor = FakeTensor
     pb.InferenceResponse = FakeResponse
-    pb.TritonError = lambda msg: RuntimeError(msg)
+    pb.TritonError = FakeError
     pb.get_input_tensor_by_name = lambda request, name: request.get(name)
     return pb
 
@@ -197,3 +205,28 @@ def test_model_py_gives_string_tensors_to_onnxruntime_as_text(tmp_path):
     assert answered["t"].tolist() == ["café", "ok"] == expected["t"].tolist()
     np.testing.assert_allclose(answered["y"], expected["y"])
     assert isinstance(refused, ValueError) and "'s'" in str(refused) and "UTF-8" in str(refused)
+
+
+def test_model_py_answers_a_string_that_is_not_utf8_as_the_input_s_fault(tmp_path):
+    """Triton's INVALID_ARG, which the worker answers 400 (engines/triton.py classify); the rest of
+    the batch is answered."""
+    from tests.serving.worker.grpc_worker import tensor_model
+
+    import serving.triton.backend_model as backend_model
+
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    tensor_model(tmp_path / "m" / "1" / "model.onnx")
+    spec = importlib.util.spec_from_file_location("strings_model", backend_model.__file__)  # a copy, as model.py
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.PB_UTILS = fake_pb_utils()
+    model = module.TritonPythonModel()
+    config = {"max_batch_size": 8, "input": [{"name": "x"}, {"name": "s"}], "output": []}
+    model.initialize({"model_config": json.dumps(config), "model_repository": str(tmp_path / "m"),
+                      "model_version": "1"})
+    x = np.ones((1, 3), np.float32)
+    good = {"x": FakeTensor("x", x), "s": FakeTensor("s", np.array([b"ok"], dtype=np.object_))}
+    bad = {"x": FakeTensor("x", x), "s": FakeTensor("s", np.array([b"\xff"], dtype=np.object_))}
+    answered, refused = model.execute([good, bad])
+    assert answered.error is None and answered.outputs["t"].tolist() == ["ok"]
+    assert refused.error.code == "INVALID_ARG" and "UTF-8" in str(refused.error)
