@@ -6,6 +6,7 @@ pass exactly these names, and a test compares them with this module.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -54,6 +55,9 @@ class WorkerSettings(CommonSettings):
     worker_host: str = "127.0.0.1"
     worker_port: int = 9090
     worker_grpc_port: int = 9091  # v2 protocol over gRPC in every worker process; 0: off
+    # several worker processes: "connections" (the manager hands each new connection to the process
+    # holding the fewest; serving/worker/handoff.py) or "kernel" (a SO_REUSEPORT socket per process)
+    worker_balance: Literal["connections", "kernel"] = "connections"
     worker_cache: Path | None = None
     max_body_bytes: int = 1_048_576
     triton_grpc_url: str = "127.0.0.1:8001"
@@ -67,6 +71,7 @@ class WorkerSettings(CommonSettings):
     statistics_enabled: bool = True  # off only to measure what recording costs
     ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
+    worker_memory_budget_mb: int = 0  # onnxruntime engine: its sessions' memory per process; 0: no budget, all loaded
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
     worker_batching: bool = False    # merge concurrent requests for one Triton model into one padded call
     user_code_timeout_s: float = 60.0  # deadline of one call into preprocess.py; past it a 504

@@ -1,4 +1,8 @@
-"""One listening socket per worker process (``SO_REUSEPORT``), so no process sits idle.
+"""How the worker processes get their connections, and uvicorn's manager that keeps them running.
+
+Several processes, ``SERVING_WORKER_BALANCE=connections`` (the default): the manager accepts and
+hands each connection to the process holding the fewest (handoff.py). ``kernel``, described
+below: one listening socket per worker process (``SO_REUSEPORT``), so no process sits idle.
 
 With one socket shared by every process, whichever process wakes first accepts all the
 connections queued at that moment: 16 keep-alive connections opened together could all land in
@@ -17,12 +21,16 @@ replacement: new connections wait in its backlog meanwhile instead of being refu
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import socket
 
 from uvicorn.config import Config
 from uvicorn.server import Server
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+from serving.worker import handoff
 
 log = logging.getLogger("uvicorn.error")
 
@@ -43,10 +51,11 @@ def ensure_free(host: str, port: int, setting: str) -> None:
                              f"choose another port with {setting}") from None
 
 
-def reuseport_socket(host: str, port: int, backlog: int) -> socket.socket:
+def reuseport_socket(host: str, port: int, backlog: int, reuseport: bool = True) -> socket.socket:
     sock = socket.socket(_family(host), socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuseport:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(backlog)
     sock.set_inheritable(True)
@@ -78,19 +87,90 @@ class LateBindProcess(Process):
         return self._server
 
 
+class HandoffServer(Server):
+    """Serves the connections the manager hands over (handoff.Receiver) instead of listening:
+    HTTP ones in uvicorn's own protocol, gRPC ones relayed to this process's gRPC server, which
+    listens on a private Unix socket. Says it is ready only once the app has started."""
+
+    receiver: handoff.Receiver | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        channel = (sockets or [None])[0]
+        handoff.PROCESS_GRPC_NAME = handoff.private_grpc_name()
+        await super().startup([])
+        if self.lifespan.should_exit or channel is None:
+            return
+        loop = asyncio.get_running_loop()
+        create_protocol = functools.partial(self.config.http_protocol_class, config=self.config,
+                                            server_state=self.server_state, app_state=self.lifespan.state)
+
+        def http(conn: socket.socket) -> None:
+            loop.create_task(loop.connect_accepted_socket(lambda: self._counted(create_protocol()), conn,
+                                                          ssl=self.config.ssl))
+
+        def grpc(conn: socket.socket) -> None:
+            loop.create_task(handoff.relay(conn, handoff.PROCESS_GRPC_NAME or "", self.receiver.closed))
+
+        self.receiver = handoff.Receiver(channel, http, grpc)
+        self.receiver.start()
+
+    def _counted(self, protocol: asyncio.Protocol) -> asyncio.Protocol:
+        """The manager counts live connections: tell it when this one ends."""
+        lost = protocol.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            lost(exc)
+            if self.receiver is not None:
+                self.receiver.closed()
+
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+        return protocol
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.receiver is not None:  # first: no new connection comes while this one drains
+            self.receiver.stop()
+        await super().shutdown(sockets)
+
+
+class HandoffProcess(Process):
+    @property
+    def server(self) -> Server:
+        if self._server is None:
+            self._server = HandoffServer(config=self.config)
+        return self._server
+
+
 class ReusePortProcesses(Multiprocess):
     """uvicorn's supervisor (health pings, restart of a dead or hung process, SIGHUP restarts,
-    a start-up failure stops everything), each process with its own socket."""
+    a start-up failure stops everything), each process with its own socket, or, with a
+    ``balancer``, with connections handed out by this process."""
 
-    def __init__(self, config: Config, processes: int) -> None:
+    def __init__(self, config: Config, processes: int, grpc_port: int = 0, balance: str = "connections") -> None:
+        self.balancer: handoff.Balancer | None = None
+        if processes > 1 and balance == "connections":
+            listeners = {handoff.HTTP: reuseport_socket(config.host, config.port, config.backlog, reuseport=False)}
+            if grpc_port:
+                listeners[handoff.GRPC] = reuseport_socket(config.host, grpc_port, config.backlog, reuseport=False)
+            self.balancer = handoff.Balancer(listeners).start()
         held = [reuseport_socket(config.host, config.port, config.backlog)] if processes == 1 else []
         super().__init__(config, held)
         self.processes_num = processes
 
     def _spawn(self, slot: int) -> Process:
+        if self.balancer is not None:
+            channel = self.balancer.channel()
+            process: Process = HandoffProcess(self.config, [channel])
+            process.start()
+            channel.close()  # the child has its own copy: the manager sees EOF when the child is gone
+            return process
         process = Process(self.config, self.sockets) if self.sockets else LateBindProcess(self.config, [])
         process.start()
         return process
+
+    def terminate_all(self) -> None:
+        if self.balancer is not None:  # stop handing out before the processes drain
+            self.balancer.stop()
+        super().terminate_all()
 
     def init_processes(self) -> None:
         self.processes = [self._spawn(slot) for slot in range(self.processes_num)]

@@ -45,6 +45,7 @@ def create_from_env() -> FastAPI:
 def serve_grpc_too(app: FastAPI, settings: WorkerSettings) -> None:
     """The gRPC server lives as long as the app, after its config and engines are up; a port it
     cannot bind fails the process's start-up, which stops ``serving worker`` with the reason."""
+    from serving.worker import handoff
     from serving.worker.frontends.grpc_service import start_grpc_server
 
     app_lifespan = app.router.lifespan_context
@@ -53,7 +54,7 @@ def serve_grpc_too(app: FastAPI, settings: WorkerSettings) -> None:
     async def lifespan(app_: Any) -> AsyncIterator[None]:
         async with app_lifespan(app_):
             server = await start_grpc_server(app.state.dataplane, settings.worker_host, settings.worker_grpc_port,
-                                             settings.max_body_bytes)
+                                             settings.max_body_bytes, unix_name=handoff.PROCESS_GRPC_NAME)
             try:
                 yield
             finally:
@@ -106,4 +107,4 @@ def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
                             workers=max(1, workers), loop="uvloop", http="httptools",
                             log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                             timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT_S)
-    ReusePortProcesses(config, max(1, workers)).run()
+    ReusePortProcesses(config, max(1, workers), settings.worker_grpc_port, settings.worker_balance).run()

@@ -162,15 +162,17 @@ def _config_type(datatype: str) -> int:
     return model_config_pb2.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
 
 
-async def start_grpc_server(dataplane: DataPlane, host: str, port: int, max_message_bytes: int) -> grpc.aio.Server:
+async def start_grpc_server(dataplane: DataPlane, host: str, port: int, max_message_bytes: int,
+                            unix_name: str | None = None) -> grpc.aio.Server:
     """One server per worker process, on the process's event loop (the data plane's engines live
     there). ``so_reuseport``: every process binds the port itself and the kernel spreads new
-    connections over them."""
+    connections over them; with ``unix_name`` it listens on that abstract Unix socket instead, the
+    manager handing it connections (serving/worker/handoff.py)."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1),
                                       ("grpc.max_receive_message_length", max_message_bytes),
                                       ("grpc.max_send_message_length", -1)])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    address = f"unix-abstract:{unix_name}" if unix_name else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as exc:

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper
 
 from registry.signature import onnx_signature
 from serving.config_client import write_cache
+from serving.worker.handoff import READY_LOG
 from tests.serving.stack import make_stack
 from tests.support.procs import free_port, wait_until
 
@@ -77,9 +78,20 @@ def run_worker(home: Path, snapshot: dict, processes: int = 1, **env: str) -> It
 
 
 def wait_processes(worker: Worker, processes: int, timeout: float = 120) -> None:
-    """Every process started and listening on the gRPC port and, with several, on the HTTP port
-    (each binds its own sockets once started; a lone process's HTTP socket is the manager's)."""
-    ports = (worker.grpc_port, worker.http_port) if processes > 1 else (worker.grpc_port,)
+    """Every process started: with several, each says in the log it takes the manager's
+    connections (serving/worker/handoff.py); one process listens on the gRPC port itself (its
+    HTTP socket is the manager's)."""
+    if processes > 1:
+        def taking() -> bool:
+            live = {c.pid for c in worker.children()}
+            said = {int(line.split("process ")[1].split()[0]) for line in worker.log.read_text().splitlines()
+                    if READY_LOG in line}
+            return len(live) == processes and live <= said
+
+        wait_until(taking, timeout, f"{processes} worker processes taking connections",
+                   on_timeout=lambda: worker.log.read_text()[-3000:])
+        return
+    ports = (worker.grpc_port,)
 
     def listening() -> bool:
         children = worker.children()

@@ -1,6 +1,8 @@
-"""Several worker processes on one HTTP and one gRPC port: connections shared out by the kernel
-(a SO_REUSEPORT socket per process); a process killed with SIGKILL is replaced and new connections
-are never refused meanwhile (the live processes take them; a lone process's socket waits for it)."""
+"""Several worker processes on one HTTP and one gRPC port: the manager hands each connection to
+the process holding the fewest (serving/worker/handoff.py), so 16 connections opened at once are
+exactly 8 and 8, on HTTP and on gRPC; a process killed with SIGKILL is replaced and new
+connections are never refused meanwhile (the live process takes them; a lone process's socket
+waits for it)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +20,7 @@ from registry.artifacts import ArtifactStore
 from tests.serving.worker.grpc_worker import (run_worker, tensor_feeds, tensor_inputs, tensor_model, tensor_spec,
                                               wait_processes)
 from tests.serving.worker.support import snapshot
+from tests.support.procs import wait_until
 
 CONNECTIONS = 16
 LOCAL_POOL = [("grpc.use_local_subchannel_pool", 1)]  # a connection per client, as separate client processes have
@@ -37,10 +40,9 @@ def grpc_inputs() -> list:
 
 
 def assert_shared(per_process: dict[int, int]) -> None:
-    """16 connections hashed over 2 sockets: each process gets Binomial(16, 1/2); at least 2 each
-    fails a fair kernel about once in 1,800 runs (a shared socket often gave one process all 16)."""
-    assert len(per_process) == 2 and sum(per_process.values()) == CONNECTIONS, per_process
-    assert min(per_process.values()) >= 2, per_process
+    """Exactly even: the manager counts live connections (the kernel's hash gave 11/5 and 13/3, a
+    shared socket often all 16 to one process)."""
+    assert len(per_process) == 2 and sorted(per_process.values()) == [CONNECTIONS // 2] * 2, per_process
 
 
 def test_http_connections_are_shared_between_processes(worker):
@@ -63,6 +65,41 @@ def test_grpc_connections_are_shared_between_processes(worker):
     finally:
         for c in clients:
             c.close()
+
+
+def holder_of(worker, port: int) -> dict[int, int]:
+    """Client-side local port -> pid of the worker process holding the other end."""
+    return {k.raddr.port: c.pid for c in worker.children() for k in c.net_connections("tcp")
+            if k.laddr and k.laddr.port == port and k.raddr and k.status == psutil.CONN_ESTABLISHED}
+
+
+def test_new_connections_go_to_the_process_holding_the_fewest(worker):
+    """Least connections, not round robin nor a hash: after the client closes every connection one
+    process held, the next connections all go to that process until the shares are even again."""
+    import socket
+
+    def connect() -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", worker.http_port))
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: w\r\n\r\n")
+        assert b" 200 " in sock.recv(4096)
+        return sock
+
+    socks = [connect() for _ in range(8)]
+    try:
+        owner = holder_of(worker, worker.http_port)
+        emptied = owner[socks[0].getsockname()[1]]
+        for sock in [s for s in socks if owner[s.getsockname()[1]] == emptied]:
+            socks.remove(sock)
+            sock.close()
+        wait_until(lambda: worker.connections_per_process(worker.http_port).get(emptied) == 0, 10,
+                   "the closes to reach the process")
+        socks += [connect() for _ in range(4)]
+        assert sorted(worker.connections_per_process(worker.http_port).values()) == [4, 4]
+        owner = holder_of(worker, worker.http_port)
+        assert [owner[s.getsockname()[1]] for s in socks[-4:]] == [emptied] * 4
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def fresh_connection_codes(worker, count: int = 24) -> list[int]:
