@@ -2,8 +2,8 @@
 
 Each process builds its own app (``factory=True``) so it has its own Triton channel,
 config subscriber and statistics recorder, and serves HTTP (uvicorn; uvloop and httptools are
-the fast loop and parser) and the v2 gRPC service on one event loop. Each process listens on its
-own ``SO_REUSEPORT`` sockets, so the kernel hands each process connections (listeners.py).
+the fast loop and parser) and the v2 gRPC service on one event loop. With several processes the
+manager hands each new connection to the process holding the fewest (handoff.py, listeners.py).
 """
 from __future__ import annotations
 
