@@ -1,6 +1,6 @@
-"""``python -m benchmarks.workers [--repeats 3] [--requests 5000] [--duration-s 10] [--parts protocol,scaling]``.
+"""``python -m benchmarks.workers [--repeats 3] [--requests 5000] [--duration-s 10] [--parts protocol,scaling,grpc_scaling]``.
 
-Two measurements of the worker processes, on one stack started as a user starts it
+Three measurements of the worker processes, on one stack started as a user starts it
 (``serving up --no-triton``, statistics on; endpoints added with ``serving model add``):
 
 - **protocol**: the same W1 and W2 tensors (one corpus text a request, tokenized beforehand)
@@ -9,10 +9,13 @@ Two measurements of the worker processes, on one stack started as a user starts 
 - **scaling**: ``/serve`` at 16 keep-alive connections (wrk for ``--seconds``, else
   benchmarks.loadgen for ``--requests``; a new client process and new connections every run) on W0 (an echo endpoint) and W1
   (tokenizer + onnxruntime), with 1, 2 and 4 worker processes, ``--repeats`` times each, against
-  ``serving worker`` (a SO_REUSEPORT socket per process) and, in the same run, against the same
-  app under uvicorn's own ``--workers`` (one socket shared by every process: the model before).
-  Each run records how many connections each process held and the CPU each used: the spread
-  between repeats is what the per-process sockets remove.
+  ``serving worker`` as shipped (``connections``: the manager hands each connection to the
+  process holding the fewest, serving/worker/handoff.py) and, in the same run, the two ways
+  before it: ``kernel`` (``SERVING_WORKER_BALANCE=kernel``, a SO_REUSEPORT socket per process)
+  and ``shared`` (the same app under uvicorn's own ``--workers``: one socket shared by every
+  process). Each run records how many connections each process held and the CPU each used.
+- **grpc_scaling**: W1 tensors over gRPC at 16 connections to 2 and 4 processes, ``connections``
+  (relayed to each process's gRPC server) against ``kernel`` (each process's own gRPC socket).
 
 Writes benchmarks/results/workers.json and workers.md.
 """
@@ -118,12 +121,13 @@ def serve_level(url: str, corpus: Path, requests: int, seconds: float, manager_p
             "errors": level.get("errors", 0), **spread}
 
 
-def start_workers(env: dict, processes: int, model: str, log_dir: Path):
-    """``serving worker`` (per-process sockets) or uvicorn's ``--workers`` (one shared socket)."""
+def start_workers(env: dict, processes: int, model: str, log_dir: Path, grpc_port: int = 0):
+    """``serving worker`` (``connections`` or ``kernel``) or uvicorn's ``--workers`` (one shared socket)."""
     port = free_port()
-    extra = {**env, "SERVING_WORKER_PORT": str(port), "SERVING_WORKER_GRPC_PORT": "0",
+    extra = {**env, "SERVING_WORKER_PORT": str(port), "SERVING_WORKER_GRPC_PORT": str(grpc_port),
              "SERVING_WORKER_CACHE": str(log_dir / "home" / f"cache-{model}-{processes}.json")}  # fresh each run
-    if model == "reuseport":
+    if model in ("connections", "kernel"):
+        extra["SERVING_WORKER_BALANCE"] = model
         args = ["-m", "serving.cli.main", "worker", "--workers", str(processes)]
     else:
         args = ["-m", "uvicorn", "serving.worker.main:create_from_env", "--factory", "--port", str(port),
@@ -136,7 +140,7 @@ def scaling(env: dict, log_dir: Path, corpora: dict[str, Path], repeats: int, re
             seconds: float) -> list:
     rows = []
     for processes in (1, 2, 4):
-        for model in ("reuseport", "shared"):
+        for model in ("connections", "kernel", "shared") if processes > 1 else ("connections",):
             port, ctx = start_workers(env, processes, model, log_dir)
             with ctx as proc:
                 url = f"http://127.0.0.1:{port}"
@@ -151,6 +155,34 @@ def scaling(env: dict, log_dir: Path, corpora: dict[str, Path], repeats: int, re
                            "rps_min": min(rps), "rps_max": max(rps), "spread": round(max(rps) / min(rps), 2)}
                     print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
                     rows.append(row)
+    return rows
+
+
+def grpc_scaling(env: dict, log_dir: Path, tokens: Path, repeats: int, duration_s: float) -> list:
+    """W1 tensors over gRPC, 16 connections, per balance: req/s and connections per process."""
+    rows = []
+    for processes in (2, 4):
+        for model in ("connections", "kernel"):
+            grpc_port = free_port()
+            port, ctx = start_workers(env, processes, model, log_dir, grpc_port=grpc_port)
+            with ctx as proc:
+                wait_http(f"http://127.0.0.1:{port}/v2/health/ready", timeout=240, procs=[proc])
+                platform.wait_serving(f"http://127.0.0.1:{port}/serve/W1", {"text": "warm up"}, 180, [proc],
+                                      streak=8 * processes)
+                runs = []
+                for _ in range(repeats):
+                    sampler = Sampler(proc.pid, grpc_port)
+                    try:
+                        level = tensor_level("grpc", f"127.0.0.1:{grpc_port}", "W1", tokens, duration_s)
+                    finally:
+                        spread = sampler.stop()
+                    runs.append({"rps": round(level["rps"], 1), "p99_ms": level["p99_ms"],
+                                 "errors": level.get("errors", 0), **spread})
+            rps = [r["rps"] for r in runs]
+            row = {"workload": "W1 gRPC", "processes": processes, "sockets": model, "runs": runs,
+                   "rps_min": min(rps), "rps_max": max(rps), "spread": round(max(rps) / min(rps), 2)}
+            print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+            rows.append(row)
     return rows
 
 
@@ -172,7 +204,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=5000, help="per scaling run on W0 (W1: a quarter)")
     p.add_argument("--duration-s", type=float, default=10.0, help="per protocol level")
     p.add_argument("--seconds", type=float, default=5.0, help="per scaling run, with wrk")
-    p.add_argument("--parts", default="protocol,scaling")
+    p.add_argument("--parts", default="protocol,scaling,grpc_scaling")
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stacks it started, as on Ctrl-C
     parts = set(a.parts.split(","))
@@ -207,6 +239,8 @@ def main() -> None:
         if "scaling" in parts:
             result["scaling"] = scaling(env, log_dir, {"W0": corpus["W0"], "W1": corpus["W1"]}, a.repeats,
                                         {"W0": a.requests, "W1": max(300, a.requests // 4)}, a.seconds)
+        if "grpc_scaling" in parts:
+            result["grpc_scaling"] = grpc_scaling(env, log_dir, tokens["W1"], a.repeats, a.duration_s)
     result["load_after"] = list(psutil.getloadavg())
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "workers.json").write_text(json.dumps(result, indent=1))
@@ -225,10 +259,11 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['workload']} | {g['rps']} | {g['p50_ms']} / {g['p99_ms']} | {h['rps']} | "
                          f"{h['p50_ms']} / {h['p99_ms']} | {r['ratio_rps']} | {g['client_cpu_s']} / {h['client_cpu_s']} |")
         lines.append("")
-    if result.get("scaling"):
-        lines += ["| workload | processes | sockets | req/s per run | max/min | connections per process, each run | "
+    rows = result.get("scaling", []) + result.get("grpc_scaling", [])
+    if rows:
+        lines += ["| workload | processes | balance | req/s per run | max/min | connections per process, each run | "
                   "CPU s per process, each run |", "|---|---|---|---|---|---|---|"]
-        for r in result["scaling"]:
+        for r in rows:
             lines.append(f"| {r['workload']} | {r['processes']} | {r['sockets']} | "
                          f"{', '.join(str(x['rps']) for x in r['runs'])} | {r['spread']} | "
                          f"{'; '.join('/'.join(map(str, x['connections'])) for x in r['runs'])} | "
