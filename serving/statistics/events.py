@@ -25,6 +25,14 @@ With client keys required (serving/worker/client_keys.py), an event carries the 
 with the reason (``"refused": "missing_key" | "invalid_key" | "endpoint_scope" | "rate"``),
 counted apart from the endpoint's requests.
 
+A worker process also reports what its model loads came to (serving/worker/gate.py): each failed
+attempt to load a version, a version once it takes traffic there, and one it no longer routes to nor
+fails on (``retired``). Such an event counts in the model-load series only, never as a request
+(``reason``: which part failed, ``model`` or ``preprocess``)::
+
+    {"ts": 1718000000.1, "endpoint": "sentiment", "version": 2,
+     "model_state": {"state": "failed", "model": "clf", "engine": "onnxruntime", "reason": "model"}}
+
 ``dropped`` is the sender's cumulative count of events it had to discard (queue
 full, send failures), so the service can export losses it never saw.
 """
@@ -38,6 +46,9 @@ import orjson
 
 SCHEMA = "serving.statistics/v1"
 STAGES = ("preprocess", "inference", "postprocess")
+LOAD_STATES = ("ready", "failed", "retired")
+LOAD_REASONS = ("model", "preprocess")  # the engine loading the model, or building its preprocessing
+OTHER_REASON = "other"  # a reason this service does not know (a newer worker): bounded labels
 
 
 class EventError(ValueError):
@@ -56,6 +67,7 @@ class StatisticsEvent:
     shadow: "ShadowResult | None" = None  # set for copies served by a shadow version
     key: str | None = None      # the client key's name, when workers require keys
     refused: str | None = None  # why the client-key check refused the request (then nothing else ran)
+    model_state: "ModelState | None" = None  # a load outcome of a worker process, not a request
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -67,7 +79,38 @@ class StatisticsEvent:
             out["key"] = self.key
         if self.refused is not None:
             out["refused"] = self.refused
+        if self.model_state is not None:
+            out["model_state"] = self.model_state.to_dict()
         return out
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A worker process's load outcome for one model version: ``failed`` (one attempt), ``ready`` (it
+    takes traffic there) or ``retired`` (neither routed nor failing there any more)."""
+
+    state: str                 # one of LOAD_STATES
+    model: str = "none"
+    engine: str = "none"
+    reason: str | None = None  # failed: one of LOAD_REASONS, or OTHER_REASON
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "model": self.model, "engine": self.engine, "reason": self.reason}
+
+
+def _model_state(value: Any) -> ModelState | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise EventError("model_state is not an object")
+    state = value.get("state")
+    if state not in LOAD_STATES:
+        raise EventError(f"model_state.state must be one of {', '.join(LOAD_STATES)}: {state!r}")
+    reason = None
+    if state == "failed":
+        reason = value.get("reason") if value.get("reason") in LOAD_REASONS else OTHER_REASON
+    return ModelState(state=state, model=_label(value.get("model"), "model_state.model") or "none",
+                      engine=_label(value.get("engine"), "model_state.engine") or "none", reason=reason)
 
 
 @dataclass(frozen=True)
@@ -146,6 +189,7 @@ def parse_event(raw: Any) -> StatisticsEvent:
         ts=float(raw.get("ts") or 0.0), stages=_stages(raw.get("stages")),
         custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
         key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
+        model_state=_model_state(raw.get("model_state")),
     )
 
 

@@ -19,6 +19,7 @@ from serving.statistics.events import Batch, EventError, StatisticsEvent, decode
 from serving.statistics.exporter import DriftCollector
 from serving.statistics.key_metrics import KeyMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
+from serving.statistics.model_metrics import ModelMetrics
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class StatisticsPipeline:
         self.requests = RequestMetrics(registry)
         self.shadows = ShadowMetrics(registry)
         self.keys = KeyMetrics(registry)
+        self.models = ModelMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -53,6 +55,7 @@ class StatisticsPipeline:
         self.revision = int(snapshot.get("revision", 0))
         self.variables.retain(self._configured)
         self.drift.retain(self._configured)
+        self.models.retain(self.defs)
         with self._lock:
             self._seen = {k for k in self._seen if self._configured(k)}
         log.info("statistics: config revision %s, %d endpoints", self.revision, len(self.defs))
@@ -100,6 +103,8 @@ class StatisticsPipeline:
             self.dropped.inc(increase)
 
     def handle_event(self, event: StatisticsEvent) -> None:
+        if self.models.observe(event):  # a load outcome, not a request: its own series only
+            return
         if self.keys.observe(event):  # refused by the client-key check: counted there only
             return
         if event.shadow is not None:  # a copy: its own series only, no live counts, variables or drift

@@ -88,6 +88,15 @@ class StatisticsRecorder:
         except Exception:  # a malformed event must not reach the request
             self._count_dropped(1)
 
+    def record_load(self, endpoint: str, version: int | None, *, model: str, engine: str, state: str,
+                    reason: str | None = None) -> None:
+        """A model load outcome of this process (serving/worker/gate.py): ``state`` ``failed`` (one
+        attempt; ``reason``: ``model`` or ``preprocess``), ``ready`` (it takes traffic here) or
+        ``retired`` (neither routed nor failing here any more).
+        Queued like a request's event; the service counts it in the model-load series only."""
+        self.record({"ts": time.time(), "endpoint": endpoint, "version": version,
+                     "model_state": {"state": state, "model": model, "engine": engine, "reason": reason}})
+
     # --- configuration ------------------------------------------------------------
     def apply_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Take each endpoint's ``log_freq`` from a control-plane snapshot."""

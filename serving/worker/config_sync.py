@@ -21,7 +21,7 @@ from preprocess.loader import build_processor
 from preprocess.user_code import UserContext
 from serving.config_client import ConfigSubscriber
 from serving.worker.engines.base import Engine
-from serving.worker.gate import Pending, ReadinessGate, decide, endpoint_state, label
+from serving.worker.gate import LoadOutcomes, Pending, ReadinessGate, TargetLoadError, decide, endpoint_state, label
 from serving.worker.runtime import Config, EndpointRuntime, Target
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ class ConfigSync:
         self.gate = ReadinessGate(engines)
         self.pending: dict[str, Pending] = {}  # endpoint -> definition waiting for its targets
         self.watchers: list[Callable[[], None]] = []  # told after each change of what is routed (reports)
+        self.recorder: Any = None  # where load outcomes go; None: the data plane's statistics recorder
+        self.outcomes = LoadOutcomes(self._recorder)
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._gate_thread: threading.Thread | None = None
@@ -66,12 +68,16 @@ class ConfigSync:
         with self._lock:
             built: dict[str, EndpointRuntime] = {}
             errors: dict[str, str] = {}
+            failed_loads: dict[str, tuple[str, TargetLoadError]] = {}
             for name, spec in (snapshot.get("endpoints") or {}).items():
                 try:
                     built[name] = self._build(spec)
                 except Exception as exc:  # one bad endpoint must not take the others down
                     log.exception("endpoint %s could not be loaded", name)
-                    errors[name] = f"{type(exc).__name__}: {exc}"
+                    errors[name] = str(exc) if isinstance(exc, TargetLoadError) else f"{type(exc).__name__}: {exc}"
+                    if isinstance(exc, TargetLoadError):
+                        failed_loads[name] = (spec.get("engine") or "triton", exc)
+            self.outcomes.attempted(failed_loads)
             endpoints, self.pending = decide(self.gate, built, self.current.endpoints, revision)
             for name in errors:
                 if name in self.current.endpoints:
@@ -144,7 +150,14 @@ class ConfigSync:
                  "answering" if entry.installed else "switched to them")
         self._changed()
 
+    def _recorder(self) -> Any:
+        if self.recorder is not None:
+            return self.recorder
+        return getattr(getattr(self.sender, "dataplane", None), "recorder", None)  # created after this object
+
     def _changed(self) -> None:
+        with self._lock:
+            self.outcomes.routed(self.current.endpoints, self.pending)
         for watcher in self.watchers:
             try:
                 watcher()
@@ -163,13 +176,23 @@ class ConfigSync:
             targets = (Target.model_less(name),)
         pre = spec.get("preprocess") or {"kind": "none"}
         io = spec.get("io") or {}
-        shared = self._processor(name, None, pre, engine_name, io) if pre.get("kind") != "user" else None
-        per_version = {t.version: self._processor(name, t, pre, engine_name, io)
-                       for t in targets} if shared is None else {}
+        try:
+            shared = self._processor(name, None, pre, engine_name, io) if pre.get("kind") != "user" else None
+        except Exception as exc:
+            raise TargetLoadError(exc, "preprocess", targets) from exc
+        per_version = {}
+        for target in targets if shared is None else ():
+            try:
+                per_version[target.version] = self._processor(name, target, pre, engine_name, io)
+            except Exception as exc:
+                raise TargetLoadError(exc, "preprocess", (target,)) from exc
         for target in targets:
             # a model object from the user's load() replaces the engine's own loading (ClearML)
             if getattr(per_version.get(target.version), "loaded", None) is None or engine.kind != "python":
-                engine.prepare(target)
+                try:
+                    engine.prepare(target)
+                except Exception as exc:
+                    raise TargetLoadError(exc, "model", (target,)) from exc
         return EndpointRuntime(name=name, engine=engine_name, targets=targets,
                                processor=shared or per_version[targets[0].version],
                                preprocess_kind=pre.get("kind", "none"), io=MappingProxyType(io),

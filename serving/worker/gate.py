@@ -11,14 +11,21 @@ Readiness is asked only of targets not known ready yet, so a config that changes
 endpoint of 150 costs one check, and the push stays a few milliseconds; a brand-new endpoint's
 targets (all of them at a worker's start) are checked by the background thread, never on the
 config's path.
+
+What the loads came to is also told to the statistics service (:class:`LoadOutcomes`): each failed
+attempt to load a version, each version once it takes traffic in this process, and once it no longer
+does (``serving_model_load_failures_total``, ``serving_model_ready``; docs/statistics.md).
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from serving.worker.runtime import EndpointRuntime, Target
+
+log = logging.getLogger(__name__)
 
 FAST_RECHECK_S = 0.05  # while a switch is young: how soon a ready model takes traffic
 SLOW_RECHECK_S = 1.0   # after SLOW_AFTER_S: a model that is slow to load (or will never load)
@@ -117,3 +124,72 @@ def endpoint_state(ep: EndpointRuntime | None, pending: Pending | None, error: s
     if error is not None:
         entry.update(state="failed", error=error)
     return entry
+
+
+class TargetLoadError(Exception):
+    """Building an endpoint failed while loading ``targets`` (the version being loaded, or all of them
+    when the failing part is shared by the versions). ``stage``: ``model`` (the engine loading it) or
+    ``preprocess`` (its tokenizer, user code). ``str()`` is the cause's ``Type: message``, as
+    readiness reports show it."""
+
+    def __init__(self, cause: BaseException, stage: str, targets: tuple[Target, ...]) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.stage, self.targets = stage, targets
+
+
+LoadKey = tuple[str, str, int]  # endpoint, model, version
+
+
+class LoadOutcomes:
+    """Load outcomes as statistics events (``StatisticsRecorder.record_load``): ``failed`` for each failed
+    attempt, ``ready`` when a version starts taking traffic in this process (again after it failed),
+    ``retired`` when a version reported either way is neither routed nor failing here any more (it left
+    the config, or its endpoint was fixed). The caller serializes the calls (the config lock);
+    ``recorder()`` may be None (statistics off) or lack ``record_load`` (a test's request recorder),
+    and recording never blocks."""
+
+    def __init__(self, recorder: Callable[[], Any]) -> None:
+        self.recorder = recorder
+        self._failing: dict[LoadKey, str] = {}  # key -> engine, of the versions failing now
+        self._reported: dict[LoadKey, tuple[str, str]] = {}  # key -> (state, engine) last reported
+
+    def attempted(self, failures: Mapping[str, tuple[str, TargetLoadError]]) -> None:
+        """After a config was applied: ``failures`` endpoint -> (engine, error) of the endpoints that
+        could not be built. Versions failing here are not reported ready while they fail."""
+        self._failing = {}
+        for name, (engine, error) in failures.items():
+            for target in error.targets:
+                key = (name, target.model, target.version)
+                self._failing[key] = engine
+                self._reported[key] = ("failed", engine)
+                self._record(key, engine, "failed", error.stage)
+
+    def routed(self, endpoints: Mapping[str, EndpointRuntime], pending: Mapping[str, Pending]) -> None:
+        """After each change of what is routed: report the versions that newly take traffic, and retire
+        those that neither take traffic nor fail any more."""
+        ready: dict[LoadKey, str] = {}
+        for name, ep in endpoints.items():
+            entry = pending.get(name)
+            if entry is not None and entry.installed:  # a brand-new endpoint answering 503 until ready
+                continue
+            for target in ep.targets:
+                key = (name, target.model, target.version)
+                if key not in self._failing:
+                    ready[key] = ep.engine
+        for key, engine in ready.items():
+            if self._reported.get(key, ("",))[0] != "ready":
+                self._record(key, engine, "ready")
+        for key, (_, engine) in self._reported.items():
+            if key not in ready and key not in self._failing:
+                self._record(key, engine, "retired")
+        self._reported = {**{k: ("failed", e) for k, e in self._failing.items()},
+                          **{k: ("ready", e) for k, e in ready.items()}}
+
+    def _record(self, key: LoadKey, engine: str, state: str, reason: str | None = None) -> None:
+        try:
+            record = getattr(self.recorder(), "record_load", None)  # serving.statistics.StatisticsRecorder
+            if record is not None:
+                endpoint, model, version = key
+                record(endpoint, version, model=model, engine=engine, state=state, reason=reason)
+        except Exception:  # statistics must never fail a config
+            log.exception("load outcome not recorded")

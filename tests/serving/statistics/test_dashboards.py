@@ -39,6 +39,12 @@ def scraped(prom: Prometheus, stats_service: Service) -> set[str]:
     run_workers(stats_service.env, [("dash-e", 1, 200, "reference", 51)])
     run_workers(stats_service.env, [("dash-e", 1, 60, "shifted", 52), ("dash-e", 2, 60, "reference", 53),
                                     ("dash-e", 3, 40, "shadow", 54), ("dash-e", 1, 40, "keys", 55)])
+    # load outcomes, as worker processes send them (serving/worker/gate.py): version 4 failed, 2 ready
+    outcomes = [{"endpoint": "dash-e", "version": v, "model_state": {"state": state, "model": "clf",
+                                                                      "engine": "onnxruntime", "reason": "model"}}
+                for v, state in ((4, "failed"), (2, "ready"))]
+    httpx.post(stats_service.url + "/events", json=outcomes, headers=stats_service.headers,
+               timeout=10).raise_for_status()
     prom.wait_for('count(serving_drift_psi{endpoint="dash-e"})', lambda v: v >= 3)
     names = {s.name for f in text_string_to_metric_families(stats_service.metrics()) for s in f.samples}
     # Prometheus has every family once a scrape after the last events is in (its interval is seconds)

@@ -24,7 +24,7 @@ def test_up_starts_prometheus_pointed_at_statistics(tmp_path: Path) -> None:
         assert prom.wait_value(target, 1.0, timeout=40) == 1.0  # 15 s scrape interval
         rules = wait_until(lambda: httpx.get(prom.url + "/api/v1/rules").json()["data"]["groups"],
                            what="alert rules loaded")
-        assert {g["name"] for g in rules} == {"serving-slo", "serving-drift", "serving-statistics"}
+        assert {g["name"] for g in rules} == {"serving-slo", "serving-drift", "serving-models", "serving-statistics"}
     finally:
         code = stack.interrupt()
     assert code == 0, stack.log("up").read_text()[-2000:]
