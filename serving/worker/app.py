@@ -121,6 +121,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         sender.loop = asyncio.get_running_loop()
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
+        sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
         reporter = None
         if snapshot is not None:
             sync.apply(snapshot)

@@ -46,8 +46,8 @@ class ConfigSync:
         self.gate = ReadinessGate(engines)
         self.pending: dict[str, Pending] = {}  # endpoint -> definition waiting for its targets
         self.watchers: list[Callable[[], None]] = []  # told after each change of what is routed (reports)
-        self.recorder: Any = None  # where load outcomes go; None: the data plane's statistics recorder
-        self.outcomes = LoadOutcomes(self._recorder)
+        self.recorder: Any = None  # where load outcomes go (the app gives it the data plane's recorder)
+        self.outcomes = LoadOutcomes(lambda: self.recorder)
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._gate_thread: threading.Thread | None = None
@@ -149,11 +149,6 @@ class ConfigSync:
         log.info("endpoint %s: new targets ready after %.2fs; %s", name, entry.age_s(),
                  "answering" if entry.installed else "switched to them")
         self._changed()
-
-    def _recorder(self) -> Any:
-        if self.recorder is not None:
-            return self.recorder
-        return getattr(getattr(self.sender, "dataplane", None), "recorder", None)  # created after this object
 
     def _changed(self) -> None:
         with self._lock:
