@@ -36,13 +36,14 @@ class ModelUse:
     at_load: int = 0           # bytes right after its last load or resize
     last_used: float = 0.0     # last inference Triton saw, or last demand for it
     protected_until: float = 0.0
+    running: int = 0           # inferences under way on it now: an in-process engine counts them exactly
     error: str = ""
 
     def in_memory(self) -> bool:
         return self.state in (LOADED, LOADING)
 
     def idle(self, now: float, idle_s: float = IDLE_S) -> bool:
-        return now - self.last_used >= idle_s and now >= self.protected_until
+        return not self.running and now - self.last_used >= idle_s and now >= self.protected_until
 
     def as_dict(self) -> dict:
         return {"state": self.state, "loadable": self.loadable, "bytes": self.bytes,

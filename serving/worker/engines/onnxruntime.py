@@ -2,6 +2,9 @@
 
 Sessions load when a config is applied (never on a request), one per model
 artifact, and run on an executor so the event loop keeps accepting requests.
+Under a memory budget (``SERVING_WORKER_MEMORY_BUDGET_MB``) they load on a model's
+first request instead, least recently used idle ones closed to make room
+(serving/worker/engines/onnxruntime_budget.py).
 Concurrent requests run as ``parallel`` inferences of ``threads`` intra-op
 threads each (default: one per core, one thread each): on a CPU, single-text
 inferences side by side keep the cores busier than one inference split across
@@ -63,22 +66,40 @@ class OnnxRuntimeEngine:
 
     async def infer(self, target: Target, inputs: dict[str, np.ndarray],
                     pad: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-        session = self._sessions.get(target.artifact)
-        if session is None:
-            session = (self._retired.get(target.artifact) or (None,))[0]
+        session = await self._acquire(target)
+        try:
+            names = target.output_names or [o.name for o in session.get_outputs()]
+            loop = asyncio.get_running_loop()
+            try:
+                feeds = string_feeds(inputs)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            try:
+                values = await loop.run_in_executor(self._executor, self._run, target.artifact, session, names, feeds)
+            except Exception as exc:  # onnxruntime raises its own types for bad shapes/dtypes
+                raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: "
+                                 f"{brief(exc)}") from None
+        finally:
+            self._release(target.artifact)
+        return dict(zip(names, values))
+
+    async def _acquire(self, target: Target) -> Any:
+        """The open session for ``target``: every session opened at ``prepare``."""
+        session = self._find(target.artifact)
         if session is None:
             raise ModelNotReady(f"model {target.model}:{target.version} is still loading")
-        names = target.output_names or [o.name for o in session.get_outputs()]
-        loop = asyncio.get_running_loop()
-        try:
-            feeds = string_feeds(inputs)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        try:
-            values = await loop.run_in_executor(self._executor, session.run, names, feeds)
-        except Exception as exc:  # onnxruntime raises its own types for bad shapes/dtypes
-            raise BadRequest(f"onnxruntime rejected the input for {target.model}:{target.version}: {brief(exc)}") from None
-        return dict(zip(names, values))
+        return session
+
+    def _find(self, artifact: str) -> Any:
+        """The artifact's session, in the config or retired from it; None when none is open."""
+        session = self._sessions.get(artifact)
+        return session if session is not None else (self._retired.get(artifact) or (None,))[0]
+
+    def _release(self, artifact: str) -> None:
+        """The inference that acquired ``artifact``'s session is over (a hook for the budget)."""
+
+    def _run(self, artifact: str, session: Any, names: list[str], feeds: dict[str, np.ndarray]) -> Any:
+        return session.run(names, feeds)
 
     def is_ready(self, target: Target) -> bool:
         """Readiness gate: the session opens in ``prepare``, before the config is swapped in."""
@@ -92,5 +113,11 @@ class OnnxRuntimeEngine:
 
 
 def create(settings: Any, artifact_path: Callable[[str], Path]) -> OnnxRuntimeEngine:
+    budget_mb = int(getattr(settings, "worker_memory_budget_mb", 0) or 0)
+    if budget_mb > 0:  # sessions open on demand, within the budget
+        from serving.worker.engines.onnxruntime_budget import BudgetedOnnxRuntimeEngine
+
+        return BudgetedOnnxRuntimeEngine(artifact_path, budget_mb * 1024 * 1024, settings.ort_threads,
+                                         settings.resolved_ort_parallel(), wait_s=settings.infer_timeout_s)
     return OnnxRuntimeEngine(artifact_path, settings.ort_threads, settings.resolved_ort_parallel())
 
