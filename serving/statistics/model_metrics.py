@@ -1,4 +1,5 @@
-"""Model loads as worker processes saw them (events from serving/worker/gate.py).
+"""Model loads as worker processes saw them (events from serving/worker/gate.py), and the
+embedded Triton's failed loads (serving/triton/embedded.py: once per failure, not per retry).
 
 ``serving_model_load_failures_total`` counts attempts: each time one worker process tried to load
 a version (the engine opening its model, or building its preprocessing) and failed. A version that

@@ -162,6 +162,8 @@ class ModelBinder:
         self.unwanted_since: dict[str, float] = {}  # loaded, no longer deployed: unloaded after a grace
         self.reporter: ReadinessReporter | None = None
         self.loader: ModelLoader | None = None  # memory budget: models load on demand (serving/triton/loader.py)
+        self.users: dict[str, list[tuple[str, str, int]]] = {}  # triton name -> (endpoint, model, version)
+        self.recorder: Any = None  # statistics: each new load failure (serving_model_load_failures_total)
 
     def use_budget(self, limit_bytes: int, known_good: dict[str, str]) -> ModelLoader:
         """Hold models within ``limit_bytes``: each is loaded once when deployed (admission), then
@@ -182,6 +184,7 @@ class ModelBinder:
         with self.lock:
             self.wanted = triton_targets(snapshot)
             self.revision = int(snapshot.get("revision", -1))
+            self.users = target_users(snapshot)
             self.reconcile()
 
     def readiness(self) -> dict[str, Any]:
@@ -247,7 +250,15 @@ class ModelBinder:
         except Exception as exc:
             log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), name)
             if action == self._load:
-                self.failures[name] = _brief(exc)
+                why, before = _brief(exc), self.failures.get(name)
+                self.failures[name] = why
+                if why != before:  # retried every RECONCILE_PERIOD_S: counted once per new failure
+                    self._record_failure(name)
+
+    def _record_failure(self, name: str) -> None:
+        record = getattr(self.recorder, "record_load", None)
+        for endpoint, model, version in self.users.get(name, []) if record else []:
+            record(endpoint, version, model=model, engine="triton", state="failed", reason="model")
 
     def _signature(self, target: TritonTarget, onnx_path: Path) -> dict[str, Any]:
         if target.signature:
@@ -309,6 +320,17 @@ def _handle_signals(stop: threading.Event) -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def target_users(snapshot: dict[str, Any]) -> dict[str, list[tuple[str, str, int]]]:
+    """Which endpoint versions each Triton model serves (a load failure is counted for each)."""
+    users: dict[str, list[tuple[str, str, int]]] = {}
+    for ep_name, ep in (snapshot.get("endpoints") or {}).items():
+        if ep.get("engine") == "triton":
+            for t in ep.get("targets") or []:
+                if t.get("triton_name"):
+                    users.setdefault(t["triton_name"], []).append((ep_name, t["model"], int(t["version"])))
+    return users
 
 
 def _serve(stop: threading.Event, binder: ModelBinder) -> bool:
@@ -406,6 +428,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache",
                                   shared_dir=settings.resolved_artifact_dir())
         binder = ModelBinder(server, repo_dir, fetcher.path, threads, http_url, command.token)
+        binder.recorder = _load_recorder()
         if settings.triton_memory_budget_mb > 0:
             loader = binder.use_budget(settings.triton_memory_budget_mb * MB, known_good)
             loader_server = LoaderServer(loader, host, settings.triton_loader_port,
@@ -425,6 +448,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
             subscriber.stop()
         if binder is not None:
             binder.close()
+            if binder.recorder is not None:
+                binder.recorder.close()
             if binder.reporter is not None:
                 binder.reporter.stop(say_gone=not died)
         stop_process(server, 0.3 if died else 6.0)
@@ -435,6 +460,16 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         shutil.rmtree(workspace, ignore_errors=True)
         remove_shm(command.shm_prefix)
     return died
+
+
+def _load_recorder() -> Any:
+    """The statistics recorder for load failures, configured as the workers' is (the same
+    ``SERVING_STATISTICS_*`` / ``SERVING_KAFKA_*`` variables); None with statistics off."""
+    from serving.settings import WorkerSettings
+    from serving.statistics.recorder import recorder_from_settings
+
+    settings = WorkerSettings()
+    return recorder_from_settings(settings, follow_config=False) if settings.statistics_enabled else None
 
 
 def _default_logging() -> None:
