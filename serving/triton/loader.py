@@ -268,8 +268,10 @@ class ModelLoader:
     def _fit(self, keep: set[str]) -> None:
         """Measured past the budget (a model grew as onnxruntime allocated): unload idle ones."""
         with self.state:
-            over = self.budget.over()
-            victims = self.budget.victims(over, time.time(), keep=keep) if over else []
+            held = sum(m.bytes for name, m in self.budget.models.items() if name in keep)
+            # what ``keep`` holds must fit beside the rest: unloads exactly the excess (``over``
+            # as the need unloaded about twice the excess)
+            victims = self.budget.victims(held, time.time(), keep=keep) if self.budget.over() else []
         for victim in victims or []:
             self._unload(victim)
 

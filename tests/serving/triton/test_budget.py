@@ -46,6 +46,21 @@ def test_least_recently_used_idle_models_make_room():
     assert _budget(a=(100, 10.0)).victims(150, now=100.0, keep={"new"}) == []  # fits already
 
 
+def test_a_model_grown_past_the_budget_costs_exactly_the_excess_in_unloads():
+    """Measured past the budget (onnxruntime allocated more once it ran): the loader unloads the least
+    recently used idle models until what is held fits, not twice the excess."""
+    budget = _budget(a=(60, 1.0), b=(60, 2.0), c=(60, 3.0), d=(60, 4.0))
+    budget.record("e", 0)
+    m = budget.model("e")
+    m.state, m.instances, m.last_used = "loaded", 1, 5.0
+    budget.record("e", 110)  # 350 held in 300: 50 over, one 60-byte model is enough
+    loader = ModelLoader("http://unused", {}, 0, budget, write=None, full_instances=None, check=None)
+    unloaded = []
+    loader._unload = unloaded.append
+    loader._fit(keep={"e"})
+    assert unloaded == ["a"]
+
+
 def test_busy_and_protected_models_are_never_unloaded():
     budget = _budget(a=(150, 99.5), b=(150, 10.0))  # a used half a second ago: busy
     assert budget.victims(100, now=100.0, keep={"new"}) == ["b"]
