@@ -79,12 +79,20 @@ class LateBindServer(Server):
         await super().startup(sockets)
 
 
-class LateBindProcess(Process):
+class OwnServerProcess(Process):
+    """uvicorn's worker process, running one of the Server subclasses here."""
+
+    server_class: type[Server] = Server
+
     @property
     def server(self) -> Server:
         if self._server is None:
-            self._server = LateBindServer(config=self.config)
+            self._server = self.server_class(config=self.config)
         return self._server
+
+
+class LateBindProcess(OwnServerProcess):
+    server_class = LateBindServer
 
 
 class HandoffServer(Server):
@@ -119,9 +127,11 @@ class HandoffServer(Server):
         lost = protocol.connection_lost
 
         def connection_lost(exc: Exception | None) -> None:
-            lost(exc)
-            if self.receiver is not None:
-                self.receiver.closed()
+            try:
+                lost(exc)
+            finally:  # counted even when uvicorn's own clean-up fails
+                if self.receiver is not None:
+                    self.receiver.closed()
 
         protocol.connection_lost = connection_lost  # type: ignore[method-assign]
         return protocol
@@ -132,12 +142,8 @@ class HandoffServer(Server):
         await super().shutdown(sockets)
 
 
-class HandoffProcess(Process):
-    @property
-    def server(self) -> Server:
-        if self._server is None:
-            self._server = HandoffServer(config=self.config)
-        return self._server
+class HandoffProcess(OwnServerProcess):
+    server_class = HandoffServer
 
 
 class ReusePortProcesses(Multiprocess):
