@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.serving.clearml.models import EXAMPLES
 from tests.serving.stack import Stack, make_stack
 
-EXAMPLES_PER_OPERATION = int(os.environ.get("SERVING_FUZZ_EXAMPLES", "150"))  # CI: 30 min for everything
+EXAMPLES_PER_OPERATION = int(os.environ.get("SERVING_FUZZ_EXAMPLES", "75"))  # CI: 30 min for everything
 WORKER_ENDPOINTS = ("clf", "raw", "user", "tmpl", "missing")
 FUZZ_SETTINGS = settings(max_examples=EXAMPLES_PER_OPERATION, derandomize=True, deadline=None, database=None,
                          suppress_health_check=list(HealthCheck))

@@ -24,60 +24,32 @@ TEXT = {"text": "the old version keeps answering"}
 FAILED_LOADS = {"onnxruntime": 2.0, "triton": 1.0}  # two worker processes / the one embedded Triton
 
 
-def failures(engine: str) -> str:
-    return ('serving_model_load_failures_total{endpoint="le", model="clf", version="2", '
+def failures(ep: str, engine: str) -> str:
+    return (f'serving_model_load_failures_total{{endpoint="{ep}", model="clf", version="2", '
             f'engine="{engine}", reason="model"}}')
 
 
-def ready(version: int) -> str:
-    return f'serving_model_ready{{endpoint="le", model="clf", version="{version}"}}'
+def ready(ep: str, version: int) -> str:
+    return f'serving_model_ready{{endpoint="{ep}", model="clf", version="{version}"}}'
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("engine", ["onnxruntime", "triton"])
-def test_a_corrupt_version_is_counted_in_prometheus_while_the_old_one_answers(tmp_path, tiny_model, engine):
+@pytest.mark.timeout(420)
+def test_a_corrupt_version_is_counted_in_prometheus_while_the_old_one_answers(tmp_path, tiny_model):
+    """One stack for both engines, one after the other: an endpoint on onnxruntime, then one on Triton."""
     t0 = time.monotonic()
-    stack = start_stack(tmp_path / "home", triton=engine == "triton")
-    FAILURES, expected = failures(engine), FAILED_LOADS[engine]
+    stack = start_stack(tmp_path / "home", triton=True)
     timings = {"stack up s": round(time.monotonic() - t0, 1)}
     try:
         with prometheus(tmp_path / "prometheus", [f"127.0.0.1:{stack.env['SERVING_STATISTICS_PORT']}"]) as prom:
             prom.wait_value('up{job="serving-statistics"}', 1.0, timeout=30)
-            add = ("model", "add", "--endpoint", "le", "--engine", engine,
-                   "--tokenizer", str(tiny_model.tokenizer_dir))
             # versions 1 and 3 work, 2 cannot be loaded; all uploaded first: an upload changes the config
             # too, and each config change while 2 is deployed would be another attempt (counted)
             for path in (tiny_model.onnx_path, broken_onnx(tiny_model, tmp_path / "bad.onnx"), tiny_model.onnx_path):
                 stack.cli("model", "upload", "--name", "clf", "--path", str(path))
-            stack.cli(*add, "--model", "clf:1", "--wait")
-            assert prom.wait_value(ready(1), 1.0) == 1.0
-
-            t1 = time.monotonic()
-            res = stack.cli(*add, "--model", "clf:2", "--wait", "--wait-timeout", "60", check=False)
-            assert res.returncode == 1 and "failed" in res.stdout, (res.returncode, res.stdout, res.stderr)
-            # read back from Prometheus: one failed attempt in each worker process, or Triton's one
-            assert prom.wait_value(FAILURES, expected) == expected
-            timings["failure in Prometheus after s"] = round(time.monotonic() - t1, 1)
-            assert [r["metric"]["reason"] for r in prom.query('serving_model_load_failures_total{endpoint="le"}')] \
-                == ["model"]  # that series alone: no error text in any label
-            assert prom.scalar(ready(2)) == 0.0
-            assert prom.scalar(ready(1)) == 1.0  # out of the config, but still the route that answers
-            for i in (0, 1):  # the old version keeps answering on both processes
-                r = httpx.post(f"{stack.worker_url(i)}/serve/le", json=TEXT, timeout=30)
-                assert r.status_code == 200 and r.headers["X-Model-Version"] == "1", (i, r.status_code, r.text)
-            alert = 'ALERTS{alertname="ServingModelLoadFailing", endpoint="le", model="clf", version="2"}'
-            assert prom.wait_value(alert[:-1] + ', alertstate="pending"}', 1.0) == 1.0  # its 1 minute has not elapsed
-            time.sleep(3)  # more scrapes (and Triton's retries): the count stays exact
-            assert prom.scalar(FAILURES) == expected
-
-            # a good version next: ready; the workers retire 1 and 2, so their readiness and the alert go
-            stack.cli(*add, "--model", "clf:3", "--wait")
-            assert prom.wait_value(ready(3), 1.0) == 1.0
-            wait_until(lambda: not prom.query(ready(2)) and not prom.query(ready(1)) and not prom.query(alert), 20,
-                       "the readiness of the retired versions and the alert to go")
-            assert prom.scalar(FAILURES) == expected  # counters stay
-            r = httpx.post(f"{stack.worker_url(0)}/serve/le", json=TEXT, timeout=30)
-            assert r.status_code == 200 and r.headers["X-Model-Version"] == "3"
+            for engine in ("onnxruntime", "triton"):
+                t1 = time.monotonic()
+                corrupt_version_then_a_good_one(stack, prom, tiny_model, engine)
+                timings[f"{engine} s"] = round(time.monotonic() - t1, 1)
     except BaseException:
         show_logs(stack)
         raise
@@ -85,3 +57,36 @@ def test_a_corrupt_version_is_counted_in_prometheus_while_the_old_one_answers(tm
         stack.stop_all()
     timings["total s"] = round(time.monotonic() - t0, 1)
     print(timings)
+
+
+def corrupt_version_then_a_good_one(stack, prom, tiny_model, engine: str) -> None:
+    ep = f"le-{engine}"
+    FAILURES, expected = failures(ep, engine), FAILED_LOADS[engine]
+    add = ("model", "add", "--endpoint", ep, "--engine", engine, "--tokenizer", str(tiny_model.tokenizer_dir))
+    stack.cli(*add, "--model", "clf:1", "--wait")
+    assert prom.wait_value(ready(ep, 1), 1.0) == 1.0
+
+    res = stack.cli(*add, "--model", "clf:2", "--wait", "--wait-timeout", "60", check=False)
+    assert res.returncode == 1 and "failed" in res.stdout, (res.returncode, res.stdout, res.stderr)
+    # read back from Prometheus: one failed attempt in each worker process, or Triton's one
+    assert prom.wait_value(FAILURES, expected) == expected
+    assert [r["metric"]["reason"] for r in prom.query(f'serving_model_load_failures_total{{endpoint="{ep}"}}')] \
+        == ["model"]  # that series alone: no error text in any label
+    assert prom.scalar(ready(ep, 2)) == 0.0
+    assert prom.scalar(ready(ep, 1)) == 1.0  # out of the config, but still the route that answers
+    for i in (0, 1):  # the old version keeps answering on both processes
+        r = httpx.post(f"{stack.worker_url(i)}/serve/{ep}", json=TEXT, timeout=30)
+        assert r.status_code == 200 and r.headers["X-Model-Version"] == "1", (i, r.status_code, r.text)
+    alert = f'ALERTS{{alertname="ServingModelLoadFailing", endpoint="{ep}", model="clf", version="2"}}'
+    assert prom.wait_value(alert[:-1] + ', alertstate="pending"}', 1.0) == 1.0  # its 1 minute has not elapsed
+    time.sleep(3)  # more scrapes (and Triton's retries): the count stays exact
+    assert prom.scalar(FAILURES) == expected
+
+    # a good version next: ready; the workers retire 1 and 2, so their readiness and the alert go
+    stack.cli(*add, "--model", "clf:3", "--wait")
+    assert prom.wait_value(ready(ep, 3), 1.0) == 1.0
+    wait_until(lambda: not prom.query(ready(ep, 2)) and not prom.query(ready(ep, 1)) and not prom.query(alert), 20,
+               "the readiness of the retired versions and the alert to go")
+    assert prom.scalar(FAILURES) == expected  # counters stay
+    r = httpx.post(f"{stack.worker_url(0)}/serve/{ep}", json=TEXT, timeout=30)
+    assert r.status_code == 200 and r.headers["X-Model-Version"] == "3"
