@@ -353,10 +353,14 @@ def test_down_and_up_again_keeps_the_registry_and_the_endpoints(stack, tiny_mode
     stack.up()
     stack.times["down + up"] = time.monotonic() - start
     assert "gateway-http" in stack.engine.service_containers(stack.project)
-    assert stack.cli("endpoint", "list", "--json").stdout == before
     assert '"clf"' in stack.cli("model", "list", "--json").stdout
     expected = reference_logits(tiny_model, [TEXT])[0]
     wait_ready(stack, "clf ready again")
+    # the listing carries the workers' live readiness too ("pending" until the worker's report that
+    # it is back reaches the control plane): the same listing once it has
+    listing = lambda: stack.cli("endpoint", "list", "--json").stdout  # noqa: E731
+    wait_until(lambda: listing() == before, 30, "the same endpoint listing as before down",
+               on_timeout=lambda: f"before:\n{before}\nnow:\n{listing()}")
     np.testing.assert_allclose(endpoint_answers(stack)["logits"], expected, atol=1e-4)
     wait_ready(stack, "clf ready over plain HTTP", plain_http=True)
     np.testing.assert_allclose(endpoint_answers(stack, plain_http=True)["logits"], expected, atol=1e-4)
