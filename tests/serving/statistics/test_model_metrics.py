@@ -10,6 +10,7 @@ from serving.statistics.events import decode_batch, encode_batch, parse_event
 from serving.statistics.pipeline import StatisticsPipeline
 from serving.statistics.recorder import StatisticsRecorder
 from tests.serving.statistics.test_pipeline import samples
+from tests.serving.statistics.test_recorder import MemorySender
 
 
 def outcome(state: str, version: int | None = 2, reason: str | None = "model", model: str = "clf",
@@ -70,26 +71,12 @@ def test_labels_stay_bounded_and_bad_outcomes_are_invalid_events() -> None:
                                                                     (("result", "invalid"),): 3.0}
 
 
-class Captured:
-    def __init__(self) -> None:
-        self.payloads: list[bytes] = []
-
-    def send(self, payload: bytes, count: int) -> None:
-        self.payloads.append(payload)
-
-    def failed_events(self) -> int:
-        return 0
-
-    def close(self, timeout: float) -> None:
-        pass
-
-
 def test_the_recorder_sends_an_outcome_as_one_event_the_service_parses() -> None:
-    sender = Captured()
+    sender = MemorySender()
     recorder = StatisticsRecorder(sender, source="w:1")
     recorder.record_load("e", 7, model="clf", engine="triton", state="failed", reason="model")
     recorder.close()
-    (payload,) = sender.payloads
+    (payload,) = sender.batches
     (raw,) = decode_batch(payload).events
     event = parse_event(raw)
     assert (event.endpoint, event.version) == ("e", 7)
