@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.artifact_client import ArtifactFetcher
 from serving.readiness_report import ReadinessReporter, process_id
@@ -24,7 +25,7 @@ from serving.worker.dataplane import DataPlane, Recorder
 from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response
-from serving.worker.frontends.serve_rest import ServeRoute, error_response, openapi_paths
+from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
 from serving.worker.frontends.v2 import v2_router
 from serving.worker.pipeline import RequestSender
 
@@ -41,6 +42,24 @@ def _error_handlers(app: FastAPI) -> None:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return json_response({"error": problems}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Unknown routes and methods answer the platform's error body, as every other error does."""
+        status, message, headers = _routing_error(request, exc)
+        return json_response({"error": message}, status_code=status, headers=headers)
+
+
+def _routing_error(request: Request, exc: StarletteHTTPException) -> tuple[int, str, dict[str, str]]:
+    method, path = request.method, request.url.path
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        return 405, f"method {method} is not allowed on {path} (allowed: {headers.get('Allow', 'none')})", headers
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        if match_serve_path(path) is not None:  # ServeRoute takes POST only; anything else falls through here
+            return 405, f"method {method} is not allowed on {path} (allowed: POST)", {"Allow": "POST"}
+        return 404, (f"no route {method} {path}; the worker serves POST /serve/{{endpoint}}[/{{version}}], "
+                     "the v2 protocol under /v2/ and GET /status"), headers
+    return exc.status_code, str(exc.detail), headers
 
 
 class LastResort:

@@ -23,6 +23,7 @@ from serving.worker.errors import (BadRequest, GatewayTimeout, ModelNotReady, No
                                    Unprocessable)
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
+from serving.worker.version_stats import VersionStatistics
 
 
 UNKNOWN_ENDPOINT = "(unknown)"  # refusal statistics of endpoints this worker does not serve
@@ -75,6 +76,7 @@ class DataPlane:
         # copies to shadow versions, after the live answer (shadow.py)
         self.shadow = ShadowMirror(self._run, self.engines, lambda: self.recorder)
         self.keys = ClientKeys(on_refusal=self.refuse)  # front ends call keys.check (client_keys.py)
+        self.version_stats = VersionStatistics()  # Triton's statistics extension (version_stats.py)
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -214,6 +216,8 @@ class DataPlane:
         self.recorder.record(event)
 
     def _record(self, stats: _Stats, status: int) -> None:
+        self.version_stats.observe(stats.endpoint, stats.version, status, time.perf_counter() - stats.t0,
+                                   stats.stages, time.time())
         if self.recorder is None:
             return
         event = {"ts": time.time(), "endpoint": stats.endpoint, "version": stats.version,

@@ -1,4 +1,5 @@
-"""Read a request body with a size cap, before any parsing: a huge body must cost a 413, not memory."""
+"""Read a request body with a size cap, before any parsing: a huge body must cost a 413, not memory;
+the same cap again after ``Content-Encoding`` (gzip, deflate) is undone."""
 from __future__ import annotations
 
 import zlib
@@ -36,18 +37,43 @@ async def read_json(request: Request, limit: int) -> Any:
     return parse_json(await read_body(request, limit))
 
 
-def gunzip(raw: bytes, limit: int) -> bytes:
-    """``Content-Encoding: gzip`` (ClearML Serving accepts it); the limit applies to what it unpacks to."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+# Content-Encoding -> zlib's wbits: gzip's header and trailer, zlib's (what HTTP calls "deflate")
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+RAW_DEFLATE = -zlib.MAX_WBITS  # some clients send "deflate" without zlib's header: taken too
+
+
+def inflate(raw: bytes, encoding: str, limit: int) -> bytes:
+    """Unpack one ``Content-Encoding``; the limit applies to what it unpacks to, and inflating stops
+    one byte past it, so a small body that would unpack to gigabytes costs at most ``limit``."""
+    wbits = WBITS[encoding]
+    if encoding == "deflate" and raw[:1] and (raw[0] & 0x0F != 8 or int.from_bytes(raw[:2], "big") % 31):
+        wbits = RAW_DEFLATE  # not a zlib header
+    inflater = zlib.decompressobj(wbits)
     try:
         out = inflater.decompress(raw, limit + 1)
     except zlib.error as exc:
-        raise BadRequest(f"Content-Encoding is gzip but the body is not valid gzip data: {exc}") from None
+        raise BadRequest(f"Content-Encoding is {encoding} but the body is not valid {encoding} data: {exc}") from None
     if len(out) > limit:
-        raise PayloadTooLarge(f"gzip body unpacks to over the limit of {limit} bytes")
+        raise PayloadTooLarge(f"{encoding} body unpacks to over the limit of {limit} bytes")
     if not inflater.eof:
-        raise BadRequest("Content-Encoding is gzip but the body is a truncated gzip stream")
+        raise BadRequest(f"Content-Encoding is {encoding} but the body is a truncated {encoding} stream")
     return out
+
+
+def decode_content(raw: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """The body as sent before ``Content-Encoding`` (gzip or deflate, or none), for every front end."""
+    encodings = [e.strip().lower() for e in (content_encoding or "").split(",") if e.strip()]
+    if not encodings or encodings == ["identity"]:
+        return raw
+    if len(encodings) != 1 or encodings[0] not in WBITS:
+        raise UnsupportedMediaType(f"Content-Encoding {', '.join(encodings)} is not supported; "
+                                   f"use {' or '.join(WBITS)}")
+    return inflate(raw, encodings[0], limit)
+
+
+async def read_decoded_body(request: Request, limit: int) -> bytes:
+    """The body, size-capped as sent and again as unpacked."""
+    return decode_content(await read_body(request, limit), request.headers.get("content-encoding"), limit)
 
 
 def is_json(content_type: str) -> bool:
@@ -59,12 +85,7 @@ def is_json(content_type: str) -> bool:
 async def read_serve_body(request: Request, limit: int) -> Any:
     """A JSON document, or for any other content type the raw bytes (ClearML passes those to
     ``preprocess`` as ``bytes``: an image posted with ``--data-binary @5.jpg``)."""
-    raw = await read_body(request, limit)
-    encodings = [e.strip().lower() for e in request.headers.get("content-encoding", "").split(",") if e.strip()]
-    if encodings and encodings != ["identity"]:
-        if encodings != ["gzip"]:
-            raise UnsupportedMediaType(f"Content-Encoding {', '.join(encodings)} is not supported; use gzip")
-        raw = gunzip(raw, limit)
+    raw = await read_decoded_body(request, limit)
     if is_json(request.headers.get("content-type", "")):
         return parse_json(raw)
     return raw

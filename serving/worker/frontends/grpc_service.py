@@ -3,7 +3,8 @@
 The service is the one generated in ``tritonclient.grpc.service_pb2_grpc``: no protocol of our own.
 Every call goes to the data plane the HTTP front ends use, so routing (canary weights, the
 ``x-routing-key`` metadata, a pinned ``model_version``), shadows, statistics, client keys and
-errors are the same; a :class:`ServingError` becomes the gRPC status a client can act on. Calls a
+errors are the same; a :class:`ServingError` becomes the gRPC status a client can act on.
+``ModelStatistics`` is Triton's statistics extension (version_stats.py). Calls a
 worker has no use for (shared memory, repository load/unload, tracing) stay UNIMPLEMENTED.
 """
 from __future__ import annotations
@@ -13,13 +14,15 @@ import logging
 from typing import Any, Awaitable, Callable, TypeVar
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
 from serving.worker.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from serving.worker.frontends.serve_rest import parse_version
-from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, metadata_target, model_metadata
+from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, model_metadata, model_statistics
+from serving.worker.frontends.v2_text import infer_v2
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -102,18 +105,26 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, work)
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Triton's model configuration, as much of it as an endpoint has: its tensors, shapes as
-        the signature gives them (max_batch_size 0: the batch dimension is in the shape)."""
+        """Triton's model configuration, as much of it as an endpoint has: the tensors of its metadata,
+        shapes as the signature gives them (max_batch_size 0: the batch dimension is in the shape)."""
         async def work() -> Any:
             self._client(context, request.name)
-            target = metadata_target(self.dataplane, request.name, request.version or None)
-            ep = self.dataplane.endpoint(request.name)
+            meta = model_metadata(self.dataplane, request.name, request.version or None)
             return service_pb2.ModelConfigResponse(config=model_config_pb2.ModelConfig(
-                name=request.name, platform=ep.engine, max_batch_size=0,
-                input=[model_config_pb2.ModelInput(name=s["name"], data_type=_config_type(s["dtype"]),
-                                                   dims=s.get("shape", [])) for s in target.inputs],
-                output=[model_config_pb2.ModelOutput(name=s["name"], data_type=_config_type(s["dtype"]),
-                                                     dims=s.get("shape", [])) for s in target.outputs]))
+                name=request.name, platform=meta["platform"], max_batch_size=0,
+                input=[model_config_pb2.ModelInput(name=t["name"], data_type=_config_type(t["datatype"]),
+                                                   dims=t["shape"]) for t in meta["inputs"]],
+                output=[model_config_pb2.ModelOutput(name=t["name"], data_type=_config_type(t["datatype"]),
+                                                     dims=t["shape"]) for t in meta["outputs"]]))
+        return await self._answer(context, work)
+
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Triton's statistics extension: the HTTP route's JSON, read into its protobuf (same names)."""
+        async def work() -> Any:
+            if request.name:
+                self._client(context, request.name)
+            stats = model_statistics(self.dataplane, request.name or None, request.version or None)
+            return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
         return await self._answer(context, work)
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -143,8 +154,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         except ServingError as exc:
             self.dataplane.reject(name, exc.status, client)
             raise
-        answer = self.dataplane.infer_tensors(name, req.inputs, version, _metadata(context).get(ROUTING_KEY),
-                                              client=client)
+        answer = infer_v2(self.dataplane, name, req, version, _metadata(context).get(ROUTING_KEY), client=client)
         remaining = context.time_remaining()
         if remaining is None:
             target, outputs = await answer

@@ -2,8 +2,11 @@
 
 A v2 "model" is an endpoint: ``infer`` routes by canary weight like ``/serve``
 and takes the model's tensors directly (no preprocessing); ``versions/{v}``
-pins a model version. With client keys required, everything under ``/v2/models/{name}`` needs a
-key that may call that endpoint; the server's metadata and health routes stay open (probes).
+pins a model version. A tokenizer endpoint also takes text (v2_text.py). Bodies may be gzip or
+deflate (``Content-Encoding``, body.py). Triton's statistics extension is
+``/v2/models[/{name}[/versions/{v}]]/stats``. With client keys required, everything under
+``/v2/models/{name}`` needs a key that may call that endpoint; the server's metadata and health
+routes stay open (probes).
 """
 from __future__ import annotations
 
@@ -11,11 +14,13 @@ from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
-from serving.worker.frontends.body import json_response, read_body
+from serving.worker.frontends.body import json_response, read_decoded_body
 from serving.worker.frontends.openapi_bodies import V2_INFER_BODY
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
-from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, check_server_ready, model_metadata
+from serving.worker.frontends.v2_models import (SERVER_METADATA, check_model_ready, check_server_ready, model_metadata,
+                                                model_statistics)
+from serving.worker.frontends.v2_text import infer_v2
 
 
 def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
@@ -47,15 +52,30 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
     async def infer(request: Request, name: str, version: str | None) -> Response:
         key = client(request, name)
         try:
-            req = decode_request(await read_body(request, max_body_bytes), request.headers.get(HEADER_LENGTH))
+            raw = await read_decoded_body(request, max_body_bytes)  # Content-Encoding undone first
+            req = decode_request(raw, request.headers.get(HEADER_LENGTH))
         except ServingError as exc:
             dataplane.reject(name, exc.status, key)
             raise
-        target, outputs = await dataplane.infer_tensors(
-            name, req.inputs, parse_version(version) if version else None, request.headers.get(ROUTING_HEADER),
-            client=key)
+        target, outputs = await infer_v2(dataplane, name, req, parse_version(version) if version else None,
+                                         request.headers.get(ROUTING_HEADER), client=key)
         body, headers = encode_response(name, target.version, req, outputs)
         return Response(body, headers={**headers, VERSION_HEADER: str(target.version)})
+
+    # Triton's statistics extension; before /models/{name}, which would take "stats" as a name
+    @router.get("/models/stats")
+    def all_statistics(request: Request) -> Response:
+        return json_response(model_statistics(dataplane, None, None))
+
+    @router.get("/models/{name}/stats")
+    def statistics(name: str, request: Request) -> Response:
+        client(request, name)
+        return json_response(model_statistics(dataplane, name, None))
+
+    @router.get("/models/{name}/versions/{version}/stats")
+    def version_statistics(name: str, version: str, request: Request) -> Response:
+        client(request, name)
+        return json_response(model_statistics(dataplane, name, version))
 
     @router.get("/models/{name}")
     def latest_metadata(name: str, request: Request) -> Response:

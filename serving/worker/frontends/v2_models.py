@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from serving import __version__
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import NotFound, Unavailable
+from serving.worker.errors import Forbidden, NotFound, Unavailable
 from serving.worker.frontends.serve_rest import parse_version
+from serving.worker.frontends.v2_text import text_io
 from serving.worker.runtime import Target
 
-SERVER_METADATA = {"name": "serving", "version": __version__, "extensions": ["binary_tensor_data"]}
+SERVER_METADATA = {"name": "serving", "version": __version__, "extensions": ["binary_tensor_data", "statistics"]}
 
 
 def tensors(specs: tuple[dict, ...]) -> list[dict]:
@@ -31,10 +32,29 @@ def metadata_target(dataplane: DataPlane, name: str, version: str | None) -> Tar
 
 
 def model_metadata(dataplane: DataPlane, name: str, version: str | None) -> dict:
+    """A version's tensors; on a tokenizer endpoint the text in and the answer out (v2_text.py)."""
     target = metadata_target(dataplane, name, version)
     ep = dataplane.endpoint(name)
+    io = text_io(ep, target) or (tensors(target.inputs), tensors(target.outputs))
     return {"name": name, "versions": [str(t.version) for t in ep.targets], "platform": ep.engine,
-            "inputs": tensors(target.inputs), "outputs": tensors(target.outputs)}
+            "inputs": io[0], "outputs": io[1]}
+
+
+def model_statistics(dataplane: DataPlane, name: str | None, version: str | None) -> dict:
+    """Triton's statistics of every version of every endpoint (no ``name``), of one endpoint, or of one
+    of its versions (version_stats.py). The caller checked the client key for ``name``; without a name
+    and with keys required there is no one endpoint to check a key against: refused."""
+    config = dataplane.config.current
+    if not name:
+        if dataplane.keys.required:
+            raise Forbidden("with client keys required, ask for one endpoint's statistics: "
+                            "/v2/models/{name}/stats (gRPC: ModelStatistics with a name)")
+        pairs = [(n, t.version) for n, ep in config.endpoints.items() for t in ep.targets]
+    else:
+        ep = dataplane.endpoint(name, config)
+        targets = [dataplane.route(ep, parse_version(version), None)] if version else list(ep.targets)
+        pairs = [(name, t.version) for t in targets]
+    return dataplane.version_stats.model_stats(pairs)
 
 
 async def check_model_ready(dataplane: DataPlane, name: str, version: str | None) -> None:

@@ -45,10 +45,11 @@ def test_metadata_and_health(make_client, clf_spec):
     client, _ = make_client(clf_spec)
     assert client.get("/v2/health/live").status_code == 200
     assert client.get("/v2/health/ready").status_code == 200
-    meta = client.get("/v2/models/clf").json()
-    assert meta["versions"] == ["1"] and [i["name"] for i in meta["inputs"]] == ["input_ids", "attention_mask",
-                                                                                  "token_type_ids"]
-    assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]
+    meta = client.get("/v2/models/clf").json()  # a tokenizer endpoint: text in, /serve's answer out
+    assert meta["versions"] == ["1"] and meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["outputs"] == [{"name": "label", "datatype": "BYTES", "shape": [-1]},
+                               {"name": "score", "datatype": "FP32", "shape": [-1]},
+                               {"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]
     assert client.get("/v2/models/clf/ready").status_code == 200
     assert client.get("/v2/models/clf/versions/1/ready").status_code == 200
     assert client.get("/v2/models/clf/versions/3/ready").status_code == 404

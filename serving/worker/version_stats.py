@@ -1,0 +1,78 @@
+"""Per endpoint-version counters in Triton's statistics-extension shape (``GET /v2/models/stats``, gRPC
+``ModelStatistics``), so ``tritonclient``'s ``get_inference_statistics`` reads a worker as it reads Triton.
+
+Why counters here and not the statistics service: the extension answers "since the server started"
+and must be exact (every request, never sampled by ``log_freq``, never late behind a transport);
+the data plane already times every request (dataplane ``_Stats``), and adding its numbers up costs a
+dict lookup. The counters are this worker process's: with ``--workers N`` each process counts the
+requests it served (docs/serving.md, "Triton's statistics extension").
+
+Mapping of the data plane's stages: ``preprocess`` -> ``compute_input``, ``inference`` (the engine
+call, with any wait for the engine inside it) -> ``compute_infer``, ``postprocess`` ->
+``compute_output``. ``queue`` is counted with 0 ns: the worker has no queue of its own in front of
+the engine. Only requests routed to a version count; one refused before (unknown endpoint, a body
+that is not v2) has no version to count against, as Triton does not count requests it cannot parse.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+STAGES = {"preprocess": "compute_input", "inference": "compute_infer", "process": "compute_infer",
+          "postprocess": "compute_output"}
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+             "cache_hit", "cache_miss")
+NS = 1_000_000_000
+
+
+@dataclass
+class VersionCounters:
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_ms: int = 0
+    durations: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in DURATIONS})
+
+    def add(self, key: str, seconds: float) -> None:
+        cell = self.durations[key]
+        cell[0] += 1
+        cell[1] += max(0, int(seconds * NS))
+
+    def as_triton(self, name: str, version: int) -> dict:
+        """One ``$model_stat`` of Triton's extension (its JSON names are the protobuf's)."""
+        return {"name": name, "version": str(version), "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count, "execution_count": self.execution_count,
+                "inference_stats": {k: {"count": c, "ns": ns} for k, (c, ns) in self.durations.items()},
+                "batch_stats": [], "memory_usage": [], "response_stats": {}}
+
+
+class VersionStatistics:
+    """Counters by (endpoint, version), fed once per request by the data plane (on the event loop)."""
+
+    def __init__(self) -> None:
+        self._counters: dict[tuple[str, int], VersionCounters] = {}
+
+    def observe(self, endpoint: str, version: int | None, status: int, latency_s: float,
+                stages: Mapping[str, float], ts: float) -> None:
+        if version is None:
+            return
+        counters = self._counters.get((endpoint, version))
+        if counters is None:
+            counters = self._counters[(endpoint, version)] = VersionCounters()
+        counters.last_inference_ms = int(ts * 1000)
+        if status != 200:
+            counters.add("fail", latency_s)
+            return
+        counters.add("success", latency_s)
+        counters.inference_count += 1
+        counters.execution_count += 1
+        counters.add("queue", 0.0)
+        spent = dict.fromkeys(("compute_input", "compute_infer", "compute_output"), 0.0)
+        for stage, seconds in stages.items():
+            if stage in STAGES:
+                spent[STAGES[stage]] += seconds
+        for key, seconds in spent.items():
+            counters.add(key, seconds)
+
+    def model_stats(self, versions: Iterable[tuple[str, int]]) -> dict:
+        """Triton's ``$stats_model_response`` for these (endpoint, version) pairs, zeros where none came."""
+        return {"model_stats": [self._counters.get(key, VersionCounters()).as_triton(*key) for key in versions]}
