@@ -10,11 +10,14 @@ counts asserted are exact only because every request here reaches the same proce
 from __future__ import annotations
 
 import gzip
+import re
 import time
 import zlib
+from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -153,6 +156,22 @@ def test_compressed_requests_answer_as_the_plain_request(http, tiny_model, algor
     np.testing.assert_allclose(packed.as_numpy("logits"), direct(tiny_model, [TEXTS[1]]), atol=1e-4)
 
 
+def test_raw_deflate_and_serve_take_the_same_encodings(worker, tiny_model):
+    """A deflate stream without zlib's header (some clients send it) is taken; /serve shares the code."""
+    feeds = tokens(tiny_model, TEXTS[1])
+    body = orjson.dumps({"inputs": [{"name": k, "datatype": "INT64", "shape": list(v.shape), "data": v.ravel().tolist()}
+                                    for k, v in feeds.items()]})
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    r = httpx.post(f"{worker.url}/v2/models/clf/infer", content=packer.compress(body) + packer.flush(),
+                   headers={"Content-Encoding": "deflate"})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["outputs"][0]["data"], direct(tiny_model, [TEXTS[1]]).ravel(), atol=1e-4)
+    served = httpx.post(f"{worker.url}/serve/clf", content=zlib.compress(orjson.dumps({"text": TEXTS[1]})),
+                        headers={"Content-Encoding": "deflate", "Content-Type": "application/json"})
+    assert served.status_code == 200 and served.json() == httpx.post(f"{worker.url}/serve/clf",
+                                                                      json={"text": TEXTS[1]}).json()
+
+
 def test_compressed_grpc_request(grpc, tiny_model):
     feeds = tokens(tiny_model, TEXTS[1])
     packed = grpc.infer("clf", tensor_inputs(grpcclient, feeds), compression_algorithm="gzip")
@@ -204,3 +223,13 @@ def test_unknown_routes_and_methods_answer_the_platform_error_body(worker):
         r = httpx.request(method, f"{worker.url}{path}")
         assert r.status_code == status and list(r.json()) == ["error"] and path in r.json()["error"], r.text
         assert r.headers.get("allow") == allow
+
+
+def test_the_docs_text_example_runs_as_written(worker, capsys):
+    """docs/serving.md's text-over-v2 example, pointed at this worker and its endpoint."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "serving.md").read_text()
+    section = text[text.index("### Text over v2"):]
+    (block,) = re.findall(r"^```python\n(.*?)^```$", section[:section.index("\n### ", 5)], re.M | re.S)
+    exec(block.replace("localhost:9090", worker.url.removeprefix("http://")).replace('"sentiment"', '"clf"'), {})
+    out = capsys.readouterr().out
+    assert out.count("LABEL") + out.count("POSITIVE") + out.count("NEGATIVE") >= 2, out
