@@ -28,6 +28,7 @@ from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
 from serving.worker.frontends.v2 import v2_router
 from serving.worker.pipeline import RequestSender
+from serving.worker.stats_exchange import StatsExchange, group
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,9 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
         sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
+        exchange = StatsExchange(dataplane.version_stats.rows, group())  # the worker's processes' statistics
+        await exchange.start()
+        dataplane.version_stats.exchange = exchange
         reporter = None
         if snapshot is not None:
             sync.apply(snapshot)
@@ -152,6 +156,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         if reporter is not None:
             reporter.stop()
         sync.stop()
+        await exchange.stop()
         for engine in engines.values():
             await engine.close()
         if owned is not None:

@@ -4,8 +4,8 @@
 Why counters here and not the statistics service: the extension answers "since the server started"
 and must be exact (every request, never sampled by ``log_freq``, never late behind a transport);
 the data plane already times every request (dataplane ``_Stats``), and adding its numbers up costs a
-dict lookup. The counters are this worker process's: with ``--workers N`` each process counts the
-requests it served (docs/serving.md, "Triton's statistics extension").
+dict lookup. Each worker process counts what it served; a statistics request sums the counters of
+every process of the worker (stats_exchange.py).
 
 Mapping of the data plane's stages: ``preprocess`` -> ``compute_input``, ``inference`` (the engine
 call, with any wait for the engine inside it) -> ``compute_infer``, ``postprocess`` ->
@@ -16,13 +16,15 @@ that is not v2) has no version to count against, as Triton does not count reques
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 STAGES = {"preprocess": "compute_input", "inference": "compute_infer", "process": "compute_infer",
           "postprocess": "compute_output"}
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
              "cache_hit", "cache_miss")
 NS = 1_000_000_000
+
+Key = tuple[str, int]  # (endpoint, version)
 
 
 @dataclass
@@ -37,6 +39,27 @@ class VersionCounters:
         cell[0] += 1
         cell[1] += max(0, int(seconds * NS))
 
+    def merge(self, other: "VersionCounters") -> None:
+        self.inference_count += other.inference_count
+        self.execution_count += other.execution_count
+        self.last_inference_ms = max(self.last_inference_ms, other.last_inference_ms)
+        for key, (count, ns) in other.durations.items():
+            cell = self.durations.setdefault(key, [0, 0])
+            cell[0] += count
+            cell[1] += ns
+
+    def to_row(self, key: Key) -> list:
+        """One row of the exchange between a worker's processes (plain JSON)."""
+        return [key[0], key[1], self.inference_count, self.execution_count, self.last_inference_ms,
+                {k: list(v) for k, v in self.durations.items()}]
+
+    @classmethod
+    def from_row(cls, row: list) -> tuple[Key, "VersionCounters"]:
+        name, version, inferences, executions, last, durations = row
+        counters = cls(int(inferences), int(executions), int(last))
+        counters.durations.update({str(k): [int(v[0]), int(v[1])] for k, v in durations.items()})
+        return (str(name), int(version)), counters
+
     def as_triton(self, name: str, version: int) -> dict:
         """One ``$model_stat`` of Triton's extension (its JSON names are the protobuf's)."""
         return {"name": name, "version": str(version), "last_inference": self.last_inference_ms,
@@ -49,15 +72,20 @@ class VersionStatistics:
     """Counters by (endpoint, version), fed once per request by the data plane (on the event loop)."""
 
     def __init__(self) -> None:
-        self._counters: dict[tuple[str, int], VersionCounters] = {}
+        self.counters: dict[Key, VersionCounters] = {}
+        self.exchange: Any = None  # stats_exchange.StatsExchange, set by the app once it listens
+
+    async def gather(self) -> dict[Key, VersionCounters]:
+        """This worker's counters: every process's when the exchange runs, else this process's."""
+        return merged(*(await self.exchange.gather())) if self.exchange is not None else merged(self.rows())
 
     def observe(self, endpoint: str, version: int | None, status: int, latency_s: float,
                 stages: Mapping[str, float], ts: float) -> None:
         if version is None:
             return
-        counters = self._counters.get((endpoint, version))
+        counters = self.counters.get((endpoint, version))
         if counters is None:
-            counters = self._counters[(endpoint, version)] = VersionCounters()
+            counters = self.counters[(endpoint, version)] = VersionCounters()
         counters.last_inference_ms = int(ts * 1000)
         if status != 200:
             counters.add("fail", latency_s)
@@ -73,6 +101,20 @@ class VersionStatistics:
         for key, seconds in spent.items():
             counters.add(key, seconds)
 
-    def model_stats(self, versions: Iterable[tuple[str, int]]) -> dict:
-        """Triton's ``$stats_model_response`` for these (endpoint, version) pairs, zeros where none came."""
-        return {"model_stats": [self._counters.get(key, VersionCounters()).as_triton(*key) for key in versions]}
+    def rows(self) -> list[list]:
+        return [counters.to_row(key) for key, counters in self.counters.items()]
+
+
+def merged(*row_sets: Iterable[list]) -> dict[Key, VersionCounters]:
+    """The sum of several processes' rows."""
+    total: dict[Key, VersionCounters] = {}
+    for rows in row_sets:
+        for row in rows:
+            key, counters = VersionCounters.from_row(row)
+            total.setdefault(key, VersionCounters()).merge(counters)
+    return total
+
+
+def model_stats(counters: Mapping[Key, VersionCounters], versions: Iterable[Key]) -> dict:
+    """Triton's ``$stats_model_response`` for these (endpoint, version) pairs, zeros where none came."""
+    return {"model_stats": [counters.get(key, VersionCounters()).as_triton(*key) for key in versions]}

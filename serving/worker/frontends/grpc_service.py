@@ -123,7 +123,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         async def work() -> Any:
             if request.name:
                 self._client(context, request.name)
-            stats = model_statistics(self.dataplane, request.name or None, request.version or None)
+            stats = await model_statistics(self.dataplane, request.name or None, request.version or None)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
         return await self._answer(context, work)
 

@@ -64,18 +64,18 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
 
     # Triton's statistics extension; before /models/{name}, which would take "stats" as a name
     @router.get("/models/stats")
-    def all_statistics(request: Request) -> Response:
-        return json_response(model_statistics(dataplane, None, None))
+    async def all_statistics(request: Request) -> Response:
+        return json_response(await model_statistics(dataplane, None, None))
 
     @router.get("/models/{name}/stats")
-    def statistics(name: str, request: Request) -> Response:
+    async def statistics(name: str, request: Request) -> Response:
         client(request, name)
-        return json_response(model_statistics(dataplane, name, None))
+        return json_response(await model_statistics(dataplane, name, None))
 
     @router.get("/models/{name}/versions/{version}/stats")
-    def version_statistics(name: str, version: str, request: Request) -> Response:
+    async def version_statistics(name: str, version: str, request: Request) -> Response:
         client(request, name)
-        return json_response(model_statistics(dataplane, name, version))
+        return json_response(await model_statistics(dataplane, name, version))
 
     @router.get("/models/{name}")
     def latest_metadata(name: str, request: Request) -> Response:

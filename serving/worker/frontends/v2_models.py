@@ -11,6 +11,7 @@ from serving.worker.errors import Forbidden, NotFound, Unavailable
 from serving.worker.frontends.serve_rest import parse_version
 from serving.worker.frontends.v2_text import text_io
 from serving.worker.runtime import Target
+from serving.worker.version_stats import model_stats
 
 SERVER_METADATA = {"name": "serving", "version": __version__, "extensions": ["binary_tensor_data", "statistics"]}
 
@@ -40,7 +41,7 @@ def model_metadata(dataplane: DataPlane, name: str, version: str | None) -> dict
             "inputs": io[0], "outputs": io[1]}
 
 
-def model_statistics(dataplane: DataPlane, name: str | None, version: str | None) -> dict:
+async def model_statistics(dataplane: DataPlane, name: str | None, version: str | None) -> dict:
     """Triton's statistics of every version of every endpoint (no ``name``), of one endpoint, or of one
     of its versions (version_stats.py). The caller checked the client key for ``name``; without a name
     and with keys required there is no one endpoint to check a key against: refused."""
@@ -54,7 +55,7 @@ def model_statistics(dataplane: DataPlane, name: str | None, version: str | None
         ep = dataplane.endpoint(name, config)
         targets = [dataplane.route(ep, parse_version(version), None)] if version else list(ep.targets)
         pairs = [(name, t.version) for t in targets]
-    return dataplane.version_stats.model_stats(pairs)
+    return model_stats(await dataplane.version_stats.gather(), pairs)
 
 
 async def check_model_ready(dataplane: DataPlane, name: str, version: str | None) -> None:

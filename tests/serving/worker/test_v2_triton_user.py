@@ -4,8 +4,8 @@ gzip/deflate request bodies (binary and JSON tensors) answered as the plain requ
 over v2 to a tokenizer endpoint answered as ``/serve`` and as onnxruntime on the tokenizer's output,
 and unknown routes and methods answered in the platform's error body.
 
-One worker process: the statistics are that process's counters (docs/serving.md says so), so the
-counts asserted are exact only because every request here reaches the same process.
+Two worker processes: requests land on either, and the statistics are the worker's, every process's
+counters summed (serving/worker/stats_exchange.py).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def worker(tmp_path_factory, tiny_model):
     for spec in specs:  # as the control plane has it: the vocabulary's limits read from ONNX
         for target in spec["targets"]:
             target["signature"] = onnx_signature(tiny_model.onnx_path)
-    with run_worker(home, snapshot(*specs), processes=1, SERVING_MAX_BODY_BYTES=str(MAX_BODY)) as w:
+    with run_worker(home, snapshot(*specs), processes=2, SERVING_MAX_BODY_BYTES=str(MAX_BODY)) as w:
         yield w
 
 
@@ -95,23 +95,31 @@ def _counts(stat: dict) -> dict:
                for part in ("count", "ns")}}
 
 
+def v2_json(feeds: dict[str, np.ndarray]) -> dict:
+    return {"inputs": [{"name": k, "datatype": "INT64", "shape": list(v.shape), "data": v.ravel().tolist()}
+                       for k, v in feeds.items()]}
+
+
 def test_statistics_read_back_equal_to_the_requests_sent(worker, http, grpc, tiny_model):
+    """Requests spread over both worker processes (a connection each); either process answers the
+    statistics of both."""
     feeds = tokens(tiny_model)
-    started_ms = int(time.time() * 1000)
-    for _ in range(3):  # v1 gets every routed request (v2 has weight 0)
-        http.infer("counted", tensor_inputs(httpclient, feeds))
-    for _ in range(2):
-        grpc.infer("counted", tensor_inputs(grpcclient, feeds))
-    assert httpx.post(f"{worker.url}/serve/counted", json={"text": TEXTS[0]}).status_code == 200
-    http.infer("counted", tensor_inputs(httpclient, texts_tensor(TEXTS)))  # text over v2
-    for _ in range(2):
-        http.infer("counted", tensor_inputs(httpclient, feeds), model_version="2")
     missing = {k: v for k, v in feeds.items() if k != "attention_mask"}
-    for client, module in ((http, httpclient), (http, httpclient), (grpc, grpcclient)):  # failed in version 1
-        with pytest.raises(InferenceServerException, match="missing model input"):
-            client.infer("counted", tensor_inputs(module, missing))
-    r = httpx.post(f"{worker.url}/v2/models/counted/infer", content=b"{not json")  # no version to count it on
-    assert r.status_code == 400
+    started_ms = int(time.time() * 1000)
+    with httpx.Client(base_url=worker.url) as one, httpx.Client(base_url=worker.url) as two:
+        assert one.get("/status").json()["pid"] != two.get("/status").json()["pid"]  # one connection each
+        for connection in (one, two):  # v1 gets every routed request (v2 has weight 0)
+            assert connection.post("/v2/models/counted/infer", json=v2_json(feeds)).status_code == 200
+            assert connection.post("/v2/models/counted/infer", json=v2_json(missing)).status_code == 400  # failed
+            assert connection.post("/v2/models/counted/versions/2/infer", json=v2_json(feeds)).status_code == 200
+        assert two.post("/serve/counted", json={"text": TEXTS[0]}).status_code == 200
+        assert one.post("/v2/models/counted/infer", content=b"{not json").status_code == 400  # no version to count
+    for _ in range(2):
+        http.infer("counted", tensor_inputs(httpclient, feeds))
+        grpc.infer("counted", tensor_inputs(grpcclient, feeds))
+    http.infer("counted", tensor_inputs(httpclient, texts_tensor(TEXTS)))  # text over v2
+    with pytest.raises(InferenceServerException, match="missing model input"):
+        grpc.infer("counted", tensor_inputs(grpcclient, missing))
     finished_ms = int(time.time() * 1000)
 
     over_http = http.get_inference_statistics("counted")["model_stats"]
@@ -119,7 +127,7 @@ def test_statistics_read_back_equal_to_the_requests_sent(worker, http, grpc, tin
     assert [_counts(s) for s in over_http] == [_counts(s) for s in over_grpc]
     v1, v2 = (_counts(s) for s in over_http)
     assert [s["name"] for s in over_http] == ["counted", "counted"] and (v1["version"], v2["version"]) == ("1", "2")
-    assert (v1["success.count"], v1["fail.count"], v1["inference_count"], v1["execution_count"]) == (7, 3, 7, 7)
+    assert (v1["success.count"], v1["fail.count"], v1["inference_count"], v1["execution_count"]) == (8, 3, 8, 8)
     assert (v2["success.count"], v2["fail.count"], v2["inference_count"], v2["execution_count"]) == (2, 0, 2, 2)
     for v in (v1, v2):
         assert started_ms <= v["last_inference"] <= finished_ms
