@@ -32,7 +32,8 @@ def text_io(ep: EndpointRuntime, target: Target) -> tuple[list[dict], list[dict]
     shape = list(target.outputs[0].get("shape") or [-1, -1]) if target.outputs else [-1, -1]
     classes = shape[-1] if len(shape) > 1 else -1
     return ([{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
-            [{"name": "label", "datatype": "BYTES", "shape": [-1]}, {"name": "score", "datatype": "FP32", "shape": [-1]},
+            [{"name": "label", "datatype": "BYTES", "shape": [-1]},
+             {"name": "score", "datatype": "FP32", "shape": [-1]},
              {"name": "logits", "datatype": "FP32", "shape": [-1, classes]}])
 
 
@@ -59,10 +60,16 @@ def _as_tensors(answer: Any) -> dict[str, np.ndarray]:
 async def infer_v2(dataplane: DataPlane, name: str, request: V2Request, version: int | None,
                    routing_key: str | None, client: str | None) -> tuple[Target, dict[str, np.ndarray]]:
     """One v2 inference, HTTP or gRPC: texts on a tokenizer endpoint, the model's tensors otherwise."""
-    ep = dataplane.endpoint(name)
-    (input_name, array), = request.inputs.items() if len(request.inputs) == 1 else ((None, None),)
-    if ep.preprocess_kind == "tokenizer" and array is not None and array.dtype == np.object_:
-        answer = await dataplane.infer(name, {"texts": _texts(input_name, array)}, version, routing_key,
-                                       client=client)
-        return answer.target, _as_tensors(answer.body)
-    return await dataplane.infer_tensors(name, request.inputs, version, routing_key, client=client)
+    text = _text_input(dataplane.endpoint(name), request)
+    if text is None:
+        return await dataplane.infer_tensors(name, request.inputs, version, routing_key, client=client)
+    answer = await dataplane.infer(name, {"texts": _texts(*text)}, version, routing_key, client=client)
+    return answer.target, _as_tensors(answer.body)
+
+
+def _text_input(ep: EndpointRuntime, request: V2Request) -> tuple[str, np.ndarray] | None:
+    """The request's one BYTES input on a tokenizer endpoint (a tokenizer's model takes integers)."""
+    if ep.preprocess_kind != "tokenizer" or len(request.inputs) != 1:
+        return None
+    (name, array), = request.inputs.items()
+    return (name, array) if array.dtype == np.object_ else None
