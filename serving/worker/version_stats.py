@@ -90,16 +90,18 @@ class VersionStatistics:
         if status != 200:
             counters.add("fail", latency_s)
             return
-        counters.add("success", latency_s)
+        d = counters.durations
+        d["success"][0] += 1
+        d["success"][1] += int(latency_s * NS)
         counters.inference_count += 1
         counters.execution_count += 1
-        counters.add("queue", 0.0)
-        spent = dict.fromkeys(("compute_input", "compute_infer", "compute_output"), 0.0)
+        d["queue"][0] += 1
+        for key in ("compute_input", "compute_infer", "compute_output"):
+            d[key][0] += 1
         for stage, seconds in stages.items():
-            if stage in STAGES:
-                spent[STAGES[stage]] += seconds
-        for key, seconds in spent.items():
-            counters.add(key, seconds)
+            key = STAGES.get(stage)
+            if key is not None:
+                d[key][1] += int(seconds * NS)
 
     def rows(self) -> list[list]:
         return [counters.to_row(key) for key, counters in self.counters.items()]

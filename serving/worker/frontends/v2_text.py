@@ -29,7 +29,9 @@ def text_io(ep: EndpointRuntime, target: Target) -> tuple[list[dict], list[dict]
     """The v2 inputs and outputs of a tokenizer endpoint (None for any other): texts in, answers out."""
     if ep.preprocess_kind != "tokenizer":
         return None
-    shape = list(target.outputs[0].get("shape") or [-1, -1]) if target.outputs else [-1, -1]
+    named = getattr(ep.processor, "output", None)  # the tokenizer's --output, else the model's first
+    output = next((o for o in target.outputs if o["name"] == named), target.outputs[0] if target.outputs else {})
+    shape = list(output.get("shape") or [-1, -1])
     classes = shape[-1] if len(shape) > 1 else -1
     return ([{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
             [{"name": "label", "datatype": "BYTES", "shape": [-1]},
