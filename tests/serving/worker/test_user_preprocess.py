@@ -51,3 +51,22 @@ def test_custom_engine_gets_model_file_and_runs_process(make_client, store, tmp_
     assert recorder.events[-1]["custom"] == {"n": 3}
     r = client.post("/serve/custom", json={"y": 1})
     assert r.status_code == 422 and "body needs x" in r.json()["error"]
+
+def test_v2_on_a_preprocess_py_endpoint_takes_the_model_tensors(make_client, store, tmp_path, tiny_model):
+    """What docs/serving.md says v2 takes there: the model's tensors, past the user's code; text is not
+    tokenized (only the built-in tokenizer does that); a custom engine has no tensors: 400 naming /serve."""
+    from tests.serving.worker.test_v2 import TEXT, request, tokens
+
+    spec = user_spec("user", tiny_model, store, tmp_path, "clearml_text.py", "onnxruntime")
+    custom = {**user_spec("code", tiny_model, store, tmp_path, "clearml_text.py", "custom"), "targets": []}
+    client, _ = make_client(spec, custom)
+    body, headers = request(tokens(tiny_model), binary=False)
+    r = client.post("/v2/models/user/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["outputs"][0]["data"], direct(tiny_model, [TEXT]).ravel(), atol=1e-4)
+    text = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXT]}]}
+    r = client.post("/v2/models/user/infer", json=text)
+    assert r.status_code == 400 and "missing model input(s)" in r.json()["error"], r.text
+    assert client.get("/v2/models/user").json()["inputs"][0]["name"] == "input_ids"
+    r = client.post("/v2/models/code/infer", content=body, headers=headers)
+    assert r.status_code == 400 and "/serve/code" in r.json()["error"], r.text
