@@ -142,11 +142,14 @@ def test_every_http_door_checks_keys_and_answers_are_unchanged(make_client, clf_
     logits = np.asarray(got.json()["outputs"][0]["data"]).reshape(got.json()["outputs"][0]["shape"])
     np.testing.assert_allclose(logits, direct(tiny_model, [TEXT]), atol=1e-4)
     assert events[-1]["key"] == "ops"
-    for path in ("/v2/models/clf", "/v2/models/clf/ready", "/v2/models/clf/versions/1"):
+    for path in ("/v2/models/clf", "/v2/models/clf/ready", "/v2/models/clf/versions/1", "/v2/models/clf/stats",
+                 "/v2/models/clf/versions/1/stats"):
         assert keyed.get(path).status_code == 401, path
         assert keyed.get(path, headers={"Authorization": f"Bearer {SCOPED}"}).status_code == 403, path
         assert keyed.get(path, headers={"Authorization": f"Bearer {ALL}"}).status_code == 200, path
     assert keyed.get("/v2/health/live").status_code == 200 and keyed.get("/v2").status_code == 200
+    every = keyed.get("/v2/models/stats", headers={"Authorization": f"Bearer {ALL}"})  # no one endpoint to check
+    assert every.status_code == 403 and "/v2/models/{name}/stats" in every.json()["error"]
 
     # 429 with Retry-After, JSON like every other error of the worker
     slow = {"Authorization": f"Bearer {SLOW}"}
