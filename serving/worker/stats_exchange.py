@@ -69,7 +69,13 @@ class StatsExchange:
         if self.name is None:
             return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind("\0" + self.name)
+        try:
+            sock.bind("\0" + self.name)
+        except OSError as exc:  # no abstract sockets (not Linux): this process counts alone
+            log.warning("statistics stay this process's own: cannot listen for its siblings (%s)", exc)
+            sock.close()
+            self.name = None
+            return
         sock.listen(16)
         sock.setblocking(False)
         self._server = await asyncio.get_running_loop().create_unix_server(self._protocol, sock=sock)
