@@ -109,12 +109,10 @@ def client(tmp_path: Path):
         yield c
 
 
-@pytest.mark.parametrize("framework", [None, "onnx", "pytorch", "sklearn"])
-@pytest.mark.parametrize("name", sorted(FILES))
+# TorchScript uploaded as pytorch is Triton's pytorch_libtorch model: test_torchscript_uploaded_as_pytorch_...
+@pytest.mark.parametrize("name,framework", [(n, f) for n in sorted(FILES) for f in (None, "onnx", "pytorch", "sklearn")
+                                            if (n, f) != ("model.pt", "pytorch")])
 def test_the_api_refuses_them_with_the_export_instructions(client, tmp_path, name, framework):
-    if (name, framework) == ("model.pt", "pytorch"):
-        pytest.skip("TorchScript uploaded as pytorch is Triton's pytorch_libtorch model: "
-                    "test_torchscript_uploaded_as_pytorch_is_a_triton_model")
     make, kind = FILES[name]
     sha = client.post("/artifacts", content=make(tmp_path / name).read_bytes()).json()["sha256"]
     body = {"name": "sentiment", "artifact": sha, **({"framework": framework} if framework else {})}
