@@ -132,6 +132,21 @@ def test_a_model_folder_keeps_its_own_config_under_its_triton_name(external):
                                   "max_batch_size": 8}
 
 
+def test_an_onnx_model_folder_uploads_its_onnx_file(external):
+    """The platform writes an ONNX model's config.pbtxt itself (the endpoint's batching): the folder's
+    ONNX file is uploaded as any ONNX model, signature read from the graph."""
+    from tests.registry.test_api import tiny_onnx
+
+    folder = external[2] / "onnx-folder"
+    (folder / "1").mkdir(parents=True)
+    onnx_path = tiny_onnx(folder / "1" / "model.onnx")
+    (folder / "config.pbtxt").write_text('name: "m"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n')
+    model_dir, cfg = deploy(external, "onnxf", folder)
+    assert files(model_dir) == ["1/model.onnx", "config.pbtxt"]
+    assert (model_dir / "1" / "model.onnx").read_bytes() == onnx_path.read_bytes()
+    assert (cfg.platform, cfg.max_batch_size) == ("onnxruntime_onnx", 32) and cfg.input
+
+
 def test_aux_config_platform_names_the_format_of_an_untyped_upload(external):
     """ClearML's huggingface README: `--aux-config platform="tensorrt_plan"` on a model uploaded as a
     plain file (here --framework custom): written as a TensorRT plan."""
