@@ -30,7 +30,11 @@ VERSION_DIR = "1"
 CONFIG = "config.pbtxt"
 
 
-class ModelFolderError(ValueError):
+class ConfigError(ValueError):
+    """A config.pbtxt that Triton would refuse."""
+
+
+class ModelFolderError(ConfigError):
     """The upload is not the Triton model it says it is (the control plane answers 422 with it)."""
 
 
@@ -42,15 +46,15 @@ def newest_version_dir(folder: Path) -> Path | None:
 
 def folder_format(folder: Path) -> TritonFormat:
     """A model folder's format: its config.pbtxt's backend/platform, else the files in its newest version."""
-    if (folder / CONFIG).is_file():
-        cfg = parse_config((folder / CONFIG).read_text())
+    cfg = parse_config((folder / CONFIG).read_text()) if (folder / CONFIG).is_file() else None
+    if cfg is not None and (cfg.platform or cfg.backend):
         fmt = format_named(cfg.platform, cfg.backend)
         if fmt is None:
             raise ModelFolderError(f"{folder / CONFIG} names platform {cfg.platform!r} / backend {cfg.backend!r}; "
                                    f"the formats known here: {', '.join(FORMATS)}")
         return fmt
     version = newest_version_dir(folder)
-    found = [f for f in FORMATS.values() if version is not None and (version / f.filename).exists()]
+    found = [f for f in FORMATS.values() if version is not None and (version / model_file(f, cfg)).exists()]
     if not found:
         raise ModelFolderError(f"{folder} has no config.pbtxt and no version directory holding one of "
                                f"{', '.join(f.filename for f in FORMATS.values())}")
@@ -95,11 +99,20 @@ def pack(path: Path, fmt: TritonFormat) -> bytes:
 
 # --- reading (registry) --------------------------------------------------------------------------
 def parse_config(text: str) -> mc.ModelConfig:
+    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load, but for
+    the name and backend, which a model folder may leave to Triton (its directory, its model file)."""
     cfg = mc.ModelConfig()
     try:
         text_format.Parse(text, cfg)
     except text_format.ParseError as exc:
         raise ModelFolderError(f"config.pbtxt does not match Triton's schema: {exc}") from None
+    if cfg.max_batch_size < 0:
+        raise ModelFolderError("max_batch_size must be >= 0")
+    for tensor in [*cfg.input, *cfg.output]:
+        if not tensor.name or tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
+            raise ModelFolderError(f"tensor {tensor.name!r} needs a name, a data_type and dims")
+    if any(s > cfg.max_batch_size for s in cfg.dynamic_batching.preferred_batch_size):
+        raise ModelFolderError("preferred_batch_size above max_batch_size")
     return cfg
 
 
@@ -128,7 +141,7 @@ def describe(path: Path, framework: str) -> dict[str, Any]:
         return _describe_file(Path(path), fmt)
     names, text = _archive_names(path)
     cfg = parse_config(text) if text is not None else None
-    if cfg is not None:
+    if cfg is not None and (cfg.platform or cfg.backend):
         named = format_named(cfg.platform, cfg.backend)
         if named is None or named.name != fmt.name:
             raise ModelFolderError(f"its config.pbtxt names platform {cfg.platform!r} / backend {cfg.backend!r}, "
@@ -167,9 +180,6 @@ def _shape(tensor: Any, batched: bool) -> list[int]:
 def signature_from_config(cfg: mc.ModelConfig) -> dict[str, Any]:
     """The registry's signature (whole shapes, as the model sees them after any ``reshape``)."""
     batched = cfg.max_batch_size > 0
-    for tensor in [*cfg.input, *cfg.output]:
-        if not tensor.name or tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
-            raise ModelFolderError(f"config.pbtxt tensor {tensor.name!r} needs a name, a data_type and dims")
     return {"inputs": [{"name": t.name, "dtype": _dtype(t.data_type), "shape": _shape(t, batched)} for t in cfg.input],
             "outputs": [{"name": t.name, "dtype": _dtype(t.data_type), "shape": _shape(t, batched)}
                         for t in cfg.output],

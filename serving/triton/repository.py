@@ -32,7 +32,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.triton.aux_config import is_repeated
-from serving.triton.model_folder import is_archive, parse_config, unpack
+from serving.triton.model_folder import ConfigError, is_archive, parse_config, unpack
 from serving.triton.model_formats import FORMATS, TritonFormat, target_format
 from serving.triton.naming import TRITON_VERSION, triton_model_name
 from serving.triton.shapes import batch_size, config_dims
@@ -44,10 +44,6 @@ OWN_CONFIG = ".config.pbtxt.uploaded"  # the config.pbtxt a model was uploaded w
 RETRY_PERIOD_S = 5.0  # how often failed loads are retried and Triton is checked for lost models
 DEFAULT_BATCHING: dict[str, Any] = {"max_batch_size": 32, "max_queue_delay_us": 2000,
                                     "preferred_batch_sizes": [], "instances": 1}
-
-
-class ConfigError(ValueError):
-    """A config.pbtxt that Triton would refuse."""
 
 
 @dataclass(frozen=True)
@@ -174,21 +170,11 @@ def config_pbtxt(target: TritonTarget, own: str | None = None, aux: bool = True)
 
 
 def validate_config_pbtxt(text: str) -> mc.ModelConfig:
-    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load."""
-    cfg = mc.ModelConfig()
-    try:
-        text_format.Parse(text, cfg)
-    except text_format.ParseError as exc:
-        raise ConfigError(f"config.pbtxt does not match Triton's schema: {exc}") from exc
+    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load
+    (model_folder.parse_config), and that what we write names its model and backend."""
+    cfg = parse_config(text)
     if not cfg.name or not (cfg.backend or cfg.platform):
         raise ConfigError("config.pbtxt needs a name and a backend or platform")
-    if cfg.max_batch_size < 0:
-        raise ConfigError("max_batch_size must be >= 0")
-    for tensor in [*cfg.input, *cfg.output]:
-        if not tensor.name or tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
-            raise ConfigError(f"tensor {tensor.name!r} needs a name, a data_type and dims")
-    if any(s > cfg.max_batch_size for s in cfg.dynamic_batching.preferred_batch_size):
-        raise ConfigError("preferred_batch_size above max_batch_size")
     return cfg
 
 

@@ -252,3 +252,21 @@ def test_a_folder_whose_config_pbtxt_triton_would_refuse_is_a_422(api, tmp_path)
     (folder / "1" / "other.py").write_text("x = 1\n")
     r = upload(api(False), "m", pack(folder, FORMATS["python"]), "python")
     assert r.status_code == 422 and "needs 1/model.py" in r.json()["detail"], r.text
+
+
+def test_declared_tensors_are_checked_against_the_config_pbtxt(api, tmp_path):
+    """Shapes as the model's own config.pbtxt means them (max_batch_size 0 there: whole shapes, whatever
+    the endpoint's --max-batch-size), names and dtypes as for an ONNX signature."""
+    from serving.triton.model_folder import pack
+    from serving.triton.model_formats import FORMATS
+
+    c = api(False)
+    assert upload(c, "shout", pack(shout_folder(tmp_path / "r"), FORMATS["python"]), "python").status_code == 201
+    body = {"endpoint": "shout", "model": "shout", "batching": {"max_batch_size": 16}}
+    io = {"inputs": [{"name": "TEXT", "dtype": "BYTES", "shape": [-1]}]}
+    r = c.post("/endpoints", json={**body, "io": io})
+    assert r.status_code == 201 and r.json()["io"]["inputs"] == [{"name": "TEXT", "dtype": "BYTES", "shape": [-1]}]
+    r = c.post("/endpoints", json={**body, "io": {"inputs": [{"name": "text", "dtype": "BYTES"}]}})
+    assert r.status_code == 422 and "'text' is not an input of shout:1" in r.text, r.text
+    r = c.post("/endpoints", json={**body, "io": {"inputs": [{"name": "TEXT", "dtype": "BYTES", "shape": [-1, 3]}]}})
+    assert r.status_code == 422 and "shape [-1, 3]" in r.text, r.text
