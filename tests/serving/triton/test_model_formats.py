@@ -114,7 +114,8 @@ def test_a_model_folder_keeps_its_own_config_under_its_triton_name(external):
     and its tensors are the registry's signature, batch dimension included."""
     folder = external[2] / "resnet"
     for version in ("2", "3"):
-        tensorrt_plan((folder / version).mkdir(parents=True) or folder / version / "model.plan")
+        (folder / version).mkdir(parents=True)
+        tensorrt_plan(folder / version / "model.plan").write_bytes(f"plan of version {version}".encode())
     (folder / "labels.txt").write_text("cat\ndog\n")
     (folder / "config.pbtxt").write_text(
         'name: "resnet"\nplatform: "tensorrt_plan"\nmax_batch_size: 8\n'
@@ -122,6 +123,7 @@ def test_a_model_folder_keeps_its_own_config_under_its_triton_name(external):
         'output [{ name: "probs" data_type: TYPE_FP16 dims: [2] label_filename: "labels.txt" }]\n')
     model_dir, cfg = deploy(external, "resnet", folder, "--aux-config", "response_cache.enable=true")
     assert files(model_dir) == ["1/model.plan", "config.pbtxt", "labels.txt"]
+    assert (model_dir / "1" / "model.plan").read_bytes() == b"plan of version 3"  # the newest
     assert (cfg.name, cfg.platform, cfg.max_batch_size, cfg.response_cache.enable) == ("resnet_v1", "tensorrt_plan",
                                                                                         8, True)
     assert cfg.output[0].label_filename == "labels.txt"
