@@ -56,22 +56,18 @@ def test_the_model_answers_as_its_model_py_over_serve_v2_http_and_grpc(stack):
 
     http = httpclient.InferenceServerClient(stack.worker_url().removeprefix("http://"))
     meta = http.get_model_metadata("shout")
+    http.close()
     assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
     assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [("UPPER", "BYTES"), ("LENGTH", "INT32")]
-    text = httpclient.InferInput("TEXT", [len(TEXTS)], "BYTES")
-    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
-    result = http.infer("shout", [text])
-    assert [b.decode() for b in result.as_numpy("UPPER")] == want["UPPER"]
-    assert result.as_numpy("LENGTH").tolist() == want["LENGTH"]
-    http.close()
-
-    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{stack.env['SERVING_WORKER_GRPC_PORT']}")
-    text = grpcclient.InferInput("TEXT", [len(TEXTS)], "BYTES")
-    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
-    result = grpc.infer("shout", [text])
-    assert [b.decode() for b in result.as_numpy("UPPER")] == want["UPPER"]
-    assert result.as_numpy("LENGTH").tolist() == want["LENGTH"]
-    grpc.close()
+    grpc_url = f"127.0.0.1:{stack.env['SERVING_WORKER_GRPC_PORT']}"
+    for protocol, url in ((httpclient, stack.worker_url().removeprefix("http://")), (grpcclient, grpc_url)):
+        client = protocol.InferenceServerClient(url)
+        text = protocol.InferInput("TEXT", [len(TEXTS)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
+        result = client.infer("shout", [text])
+        client.close()
+        assert [b.decode() for b in result.as_numpy("UPPER")] == want["UPPER"], protocol.__name__
+        assert result.as_numpy("LENGTH").tolist() == want["LENGTH"], protocol.__name__
 
 
 @pytest.mark.timeout(300)
