@@ -62,7 +62,8 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
         with refresh_lock:
             broadcaster.refresh()
 
-    registry = Registry(sessions, store, on_change=refresh)
+    registry = Registry(sessions, store, on_change=refresh,
+                        external_triton=settings.triton_model_repository is not None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

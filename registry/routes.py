@@ -9,11 +9,15 @@ from sqlalchemy.orm import Session, object_session
 from registry import io_spec, schemas
 from registry.errors import Conflict, NotFound, Unprocessable
 from registry.orm import Endpoint, EndpointTarget, ModelVersion
+from serving.triton.shapes import batch_size
 
 
 def declared_io(decl: schemas.IODeclaration, batching: dict, model: ModelVersion | None) -> dict:
+    max_batch = int(batching.get("max_batch_size") or 0)
+    if model is not None and "max_batch_size" in (model.signature or {}):  # fixed by the model's own config.pbtxt
+        max_batch = batch_size(batching, model.signature)
     try:
-        io = io_spec.normalize(decl, int(batching.get("max_batch_size") or 0))
+        io = io_spec.normalize(decl, max_batch)
         if model is not None:
             io_spec.check_against(io, model.signature or {}, f"{model.name}:{model.version}")
     except io_spec.IOMismatch as exc:

@@ -55,7 +55,8 @@ ModelName = Annotated[str, AfterValidator(model_name)]
 # Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
 ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async")
 MODEL_LESS_ENGINES = ("custom", "custom_async")
-FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom")
+FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
+              "tensorrt", "torchscript", "savedmodel", "openvino", "python")  # the last five: Triton formats
 Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async"]
 
 
@@ -73,8 +74,10 @@ class Signature(BaseModel):
 class ModelCreate(BaseModel):
     name: ModelName
     artifact: str = Field(description="sha256 of an uploaded artifact")
-    framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom"] = "onnx"
-    signature: Signature | None = Field(None, description="inferred from the ONNX file when omitted")
+    framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
+                       "tensorrt", "torchscript", "savedmodel", "openvino", "python"] = "onnx"
+    signature: Signature | None = Field(None, description="inferred from the ONNX file, or a Triton model's "
+                                                          "config.pbtxt, when omitted")
     tags: list[str] = []
     metadata: dict[str, Any] = {}
 

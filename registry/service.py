@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from registry import io_spec, schemas
+from registry import formats, io_spec, schemas
 from registry.artifacts import ArtifactStore
 from registry.errors import BadRequest, Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
@@ -43,6 +43,7 @@ class Registry:
     sessions: sessionmaker
     store: ArtifactStore
     on_change: Callable[[], None] = lambda: None
+    external_triton: bool = False  # SERVING_TRITON_MODEL_REPOSITORY set: engine triton is a full Triton (registry/formats.py)
 
     # --- revision -------------------------------------------------------------
     def revision(self) -> int:
@@ -96,11 +97,15 @@ class Registry:
         if not self.store.exists(req.artifact):
             raise NotFound(f"artifact {req.artifact} was not uploaded")
         path = self.store.path(req.artifact)
-        refuse_pytorch(path, req.framework, f"model {req.name}'s file")
+        framework = formats.upload_framework(path, req.framework)
+        if framework not in formats.TRITON_ONLY:
+            refuse_pytorch(path, framework, f"model {req.name}'s file")
         if req.signature is not None:
             signature = req.signature.model_dump()
-        elif req.framework == "onnx":
+        elif framework == "onnx":
             signature = onnx_signature(path)
+        elif framework in formats.TRITON_ONLY:
+            signature = formats.triton_signature(path, framework)
         else:
             signature = {"inputs": [], "outputs": []}
         size = path.stat().st_size
@@ -110,7 +115,7 @@ class Registry:
             if latest >= MAX_VERSION:
                 raise Conflict(f"model {req.name} has reached the last version number ({MAX_VERSION})")
             mv = ModelVersion(
-                name=req.name, version=latest + 1, framework=req.framework, sha256=req.artifact,
+                name=req.name, version=latest + 1, framework=framework, sha256=req.artifact,
                 size=size, signature=signature, tags=req.tags, meta=req.metadata,
             )
             s.add(mv)
@@ -167,6 +172,10 @@ class Registry:
             if req.batching is not None or not ep.batching or engine_changed:  # another engine: its own default
                 # ClearML Serving's default: no batching when tensors are declared (sizes are whole shapes)
                 ep.batching = (req.batching or schemas.Batching(max_batch_size=0 if req.io else 32)).model_dump()
+            if model is not None:
+                ep.batching = formats.with_format(ep.batching, model.framework, req.aux_config)
+                formats.deployable_format(req.engine, model.framework, f"{model.name}:{model.version}",
+                                          ep.batching.get("triton_config"), self.external_triton)
             if req.io is not None:
                 ep.io = declared_io(req.io, ep.batching, model)
             elif engine_changed:
@@ -194,8 +203,6 @@ class Registry:
                 raise BadRequest("a canary or auto-update needs a model")
             if req.preprocess is None or req.preprocess.kind != "user":
                 raise BadRequest("an endpoint without a model runs preprocess.py: give --preprocess")
-        elif req.engine in ("triton", "onnxruntime") and model.framework != "onnx":
-            raise BadRequest(f"engine {req.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
         pre = req.preprocess
         if pre is not None and pre.artifact and not self.store.exists(pre.artifact):
             raise NotFound(f"preprocess artifact {pre.artifact} was not uploaded")
@@ -209,8 +216,8 @@ class Registry:
         def put(s: Session) -> None:
             ep = self._endpoint(s, req.endpoint)
             model = _model(s, req.model, req.version)
-            if ep.engine in ("triton", "onnxruntime") and model.framework != "onnx":
-                raise BadRequest(f"engine {ep.engine} serves ONNX models; {model.name}:{model.version} is {model.framework}")
+            formats.deployable_format(ep.engine, model.framework, f"{model.name}:{model.version}",
+                                      (ep.batching or {}).get("triton_config"), self.external_triton)
             if ep.io and ep.engine in ("triton", "onnxruntime"):
                 try:
                     io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")

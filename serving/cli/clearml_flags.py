@@ -147,7 +147,7 @@ def aux_notes(pairs: dict[str, str] | None) -> list[str]:
                      f"use them): {', '.join(aux.kept)}")
     if aux.ignored:
         notes.append(f"--aux-config ignored: {', '.join(aux.ignored)} (the registry knows the model file "
-                     "and its format)")
+                     "and its format; platform/backend only name the format of a model uploaded without one)")
     return notes
 
 

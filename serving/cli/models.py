@@ -12,6 +12,7 @@ from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framewo
 from serving.cli.client import ControlPlane
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
+from serving.cli.triton_upload import triton_onnx_file, triton_upload, upload_triton
 
 # Triton's batcher only groups requests of one shape: a few length buckets let different lengths share a batch.
 BATCH_PAD_MULTIPLE = 16
@@ -27,9 +28,11 @@ def plane(ctx: typer.Context) -> ControlPlane:
 def upload(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="model name; each upload adds the next version"),
-    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...)"),
+    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...) or a Triton "
+                                                               "model folder / file (docs/serving.md)"),
     framework: Optional[str] = typer.Option(None, help="onnx | sklearn (scikit-learn) | xgboost | lightgbm | pytorch | "
-                                                      "tensorflow | custom (default: from the file name, else custom)"),
+                                                      "tensorflow | custom, or a Triton format: tensorrt | torchscript "
+                                                      "| savedmodel | openvino | python (default: from the file)"),
     project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
     tag: list[str] = typer.Option([], "--tag", "--tags", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
@@ -38,8 +41,17 @@ def upload(
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
-    """Upload a model file (with a progress bar) and register it as a new version."""
-    _refuse_unservable(path, framework)
+    """Upload a model file (with a progress bar) and register it as a new version.
+
+    A Triton model goes as users have it: its model folder (config.pbtxt and a version directory), or
+    one model file or folder whose format is read from it (model.plan, model.pt, model.savedmodel/,
+    model.xml with its .bin, model.py)."""
+    triton = triton_upload(path, framework)
+    if triton is not None and triton.name == "onnx":  # the platform writes ONNX models' config.pbtxt itself
+        path, framework = triton_onnx_file(path), "onnx"
+        triton = None
+    if triton is None:
+        _refuse_unservable(path, framework)
     cp = plane(ctx)
     try:
         meta = json.loads(metadata) if metadata else {}
@@ -48,8 +60,11 @@ def upload(
     if optimize:
         path, report = _optimized(path, optimize, num_heads, hidden_size)
         meta.update(report)
-    sha = cp.upload_file(path)
-    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework_for(path, framework),
+    if triton is not None:
+        sha, framework = upload_triton(cp, path, triton), triton.name
+    else:
+        sha, framework = cp.upload_file(path), framework_for(path, framework)
+    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework,
                                  "tags": tag, "metadata": meta})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}, {m['size']} bytes, "
                   f"sha256 {m['sha256'][:12]})")

@@ -42,7 +42,8 @@ from serving.triton.loader_http import LoaderServer
 from serving.triton.python_backend import (
     ACCESS_HEADER, SHM_PREFIX, control_call, has_gpu, instance_layout, remove_shm, server_command, start_server, write_entry,
 )
-from serving.triton.repository import TritonTarget, triton_targets
+from serving.triton.model_formats import EMBEDDED_BACKENDS, unservable_message
+from serving.triton.repository import TritonTarget, triton_targets, write_model
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +271,8 @@ class ModelBinder:
     def _load(self, target: TritonTarget) -> None:
         """Write the model's repository entry; load it when new, changed or lost (a load of a
         loaded model makes Triton swap in the new files)."""
+        if target.format.name != "onnx":
+            return self._load_own(target)
         if self.loader is not None:  # memory budget: admitted once (loaded, measured), then on demand
             changed = self._write(target, self.loader.instances(target.name))
             if changed or self.bound.get(target.name) != target.artifact:
@@ -285,6 +288,21 @@ class ModelBinder:
         self.bound[target.name] = target.artifact
         log.info("loaded %s (artifact %s, %d instance(s) x %d onnxruntime thread(s))",
                  target.name, target.artifact[:12], instances, threads)
+
+    def _load_own(self, target: TritonTarget) -> None:
+        """A model of another format than ONNX: a Python-backend model runs as it came (its own
+        model.py and config.pbtxt, under its Triton name), outside the memory budget (which measures
+        onnxruntime sessions); a format without a backend here fails to load, naming the way."""
+        if target.format.name not in EMBEDDED_BACKENDS:
+            raise RuntimeError(unservable_message(target.format, target.name))
+        if self.loader is not None:
+            self.loader.forget(target.name)
+        changed = write_model(self.repo_dir, target, self.artifact_path(target.artifact), aux=False)
+        if not changed and self.bound.get(target.name) == target.artifact:
+            return
+        control_call(self.http_url, self.headers, 120.0, "load_model", target.name)
+        self.bound[target.name] = target.artifact
+        log.info("loaded %s (%s, artifact %s)", target.name, target.format.words, target.artifact[:12])
 
     def _write(self, target: TritonTarget, instances: int, threads: int | None = None) -> bool:
         """Write (or refresh) the model's repository entry; whether anything changed."""

@@ -2,8 +2,13 @@
 
 A standalone Triton (its own container, GPU box, ...) cannot follow our SSE
 stream, so the control plane writes its model repository instead:
-``<repo>/<triton_name>/config.pbtxt`` plus ``1/model.onnx``, and, when Triton
-runs with ``--model-control-mode=explicit``, tells it to load/unload by HTTP.
+``<repo>/<triton_name>/config.pbtxt`` plus ``1/`` holding the model in Triton's default
+layout for its format (``model.onnx``, ``model.plan``, ``model.pt``, ``model.savedmodel/``,
+``model.xml`` + ``model.bin``, ``model.py``: serving/triton/model_formats.py), and, when
+Triton runs with ``--model-control-mode=explicit``, tells it to load/unload by HTTP. A model
+uploaded with its own config.pbtxt keeps it (renamed, with the endpoint's --aux-config fields
+merged in); one without gets a config.pbtxt generated from its signature, or from the endpoint's
+declared inputs and outputs (ClearML's ``--input-name/--input-type/--input-size``).
 
 config.pbtxt is generated from Triton's own protobuf schema (bundled in
 tritonclient) rather than by string formatting, so a typo can never produce a
@@ -19,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,19 +32,18 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from serving.triton.aux_config import is_repeated
+from serving.triton.model_folder import ConfigError, is_archive, parse_config, unpack
+from serving.triton.model_formats import FORMATS, TritonFormat, target_format
 from serving.triton.naming import TRITON_VERSION, triton_model_name
 from serving.triton.shapes import batch_size, config_dims
 
 log = logging.getLogger(__name__)
 
 MARKER = ".serving-managed"  # only directories carrying it are ever removed
+OWN_CONFIG = ".config.pbtxt.uploaded"  # the config.pbtxt a model was uploaded with (Triton reads no dot-file)
 RETRY_PERIOD_S = 5.0  # how often failed loads are retried and Triton is checked for lost models
 DEFAULT_BATCHING: dict[str, Any] = {"max_batch_size": 32, "max_queue_delay_us": 2000,
                                     "preferred_batch_sizes": [], "instances": 1}
-
-
-class ConfigError(ValueError):
-    """A config.pbtxt that Triton would refuse."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,12 @@ class TritonTarget:
     artifact: str
     signature: dict[str, Any] | None
     batching: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_BATCHING))
+    framework: str = "onnx"
+    io: dict[str, Any] = field(default_factory=dict)  # the endpoint's declared inputs/outputs
+
+    @property
+    def format(self) -> TritonFormat:
+        return target_format(self.framework, self.batching.get("triton_config")) or FORMATS["onnx"]
 
 
 def triton_targets(snapshot: dict[str, Any]) -> dict[str, TritonTarget]:
@@ -68,7 +78,8 @@ def triton_targets(snapshot: dict[str, Any]) -> dict[str, TritonTarget]:
         for t in ep.get("targets") or []:
             name = t.get("triton_name") or triton_model_name(t["model"], t["version"])
             if name not in found:
-                found[name] = TritonTarget(name, t["artifact"], t.get("signature"), batching)
+                found[name] = TritonTarget(name, t["artifact"], t.get("signature"), batching,
+                                           t.get("framework") or "onnx", ep.get("io") or {})
     return found
 
 
@@ -89,23 +100,47 @@ def _add_tensors(repeated: Any, specs: list[dict[str, Any]], batched: bool) -> N
             tensor.reshape.shape.extend(reshape)
 
 
+def _tensor_specs(target: TritonTarget) -> dict[str, list[dict[str, Any]]]:
+    """The signature's tensors, else the endpoint's declared ones when they are complete (ClearML
+    writes config.pbtxt's inputs from --input-name/--input-type/--input-size); else none, and Triton
+    auto-completes them from the model where its backend can."""
+    sig = target.signature or {}
+    if sig.get("inputs") or sig.get("outputs"):
+        return {side: list(sig.get(side) or []) for side in ("inputs", "outputs")}
+    io = target.io or {}
+    complete = all(t.get("dtype") and t.get("shape") is not None for side in ("inputs", "outputs")
+                   for t in io.get(side) or [])
+    return {side: list(io.get(side) or []) for side in ("inputs", "outputs")} if complete else {}
+
+
 def model_config(target: TritonTarget) -> mc.ModelConfig:
-    """The ModelConfig message for an ONNX target behind Triton's dynamic batcher."""
-    b = target.batching
-    max_batch = batch_size(b, target.signature)
-    cfg = mc.ModelConfig(name=target.name, platform="onnxruntime_onnx", backend="onnxruntime",
-                         max_batch_size=max_batch)
+    """The ModelConfig message for a target of Triton's default layout, behind its dynamic batcher."""
+    b, fmt = target.batching, target.format
+    specs = _tensor_specs(target)
+    max_batch = batch_size(b, specs or target.signature)
+    cfg = mc.ModelConfig(name=target.name, platform=fmt.platform, backend=fmt.backend, max_batch_size=max_batch)
     if max_batch > 0:
         preferred = sorted({int(s) for s in b.get("preferred_batch_sizes") or [] if 0 < int(s) <= max_batch})
         cfg.dynamic_batching.max_queue_delay_microseconds = int(b.get("max_queue_delay_us") or 0)
         cfg.dynamic_batching.preferred_batch_size.extend(preferred)
     cfg.instance_group.add(count=max(1, int(b.get("instances") or 1)), kind=mc.ModelInstanceGroup.KIND_AUTO)
-    if target.signature:  # without one Triton auto-completes I/O from the ONNX file
-        _add_tensors(cfg.input, target.signature.get("inputs", []), max_batch > 0)
-        _add_tensors(cfg.output, target.signature.get("outputs", []), max_batch > 0)
-    if b.get("triton_config"):  # ClearML's other --aux-config keys (serving/triton/aux_config.py)
-        _merge(cfg, json_format.ParseDict(b["triton_config"], mc.ModelConfig()))
+    _add_tensors(cfg.input, specs.get("inputs", []), max_batch > 0)
+    _add_tensors(cfg.output, specs.get("outputs", []), max_batch > 0)
+    _merge_extra(cfg, b)
     return cfg
+
+
+def own_config(target: TritonTarget, text: str) -> mc.ModelConfig:
+    """A model's own config.pbtxt under its Triton name, the endpoint's --aux-config fields merged in."""
+    cfg = parse_config(text)
+    cfg.name = target.name
+    _merge_extra(cfg, target.batching)
+    return cfg
+
+
+def _merge_extra(cfg: mc.ModelConfig, batching: dict[str, Any]) -> None:
+    if batching.get("triton_config"):  # ClearML's other --aux-config keys (serving/triton/aux_config.py)
+        _merge(cfg, json_format.ParseDict(batching["triton_config"], mc.ModelConfig()))
 
 
 def _merge(cfg: Any, extra: Any) -> None:
@@ -126,26 +161,20 @@ def _merge(cfg: Any, extra: Any) -> None:
             setattr(cfg, fd.name, value)
 
 
-def config_pbtxt(target: TritonTarget) -> str:
-    return text_format.MessageToString(model_config(target))
+def config_pbtxt(target: TritonTarget, own: str | None = None, aux: bool = True) -> str:
+    """``aux``: merge the endpoint's other --aux-config fields (an external Triton's; not the embedded one's)."""
+    if not aux:
+        named = {k: v for k, v in (target.batching.get("triton_config") or {}).items() if k in ("platform", "backend")}
+        target = replace(target, batching={**target.batching, "triton_config": named})
+    return text_format.MessageToString(own_config(target, own) if own is not None else model_config(target))
 
 
 def validate_config_pbtxt(text: str) -> mc.ModelConfig:
-    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load."""
-    cfg = mc.ModelConfig()
-    try:
-        text_format.Parse(text, cfg)
-    except text_format.ParseError as exc:
-        raise ConfigError(f"config.pbtxt does not match Triton's schema: {exc}") from exc
+    """Parse strictly (unknown fields and bad enums fail) and check what Triton checks at load
+    (model_folder.parse_config), and that what we write names its model and backend."""
+    cfg = parse_config(text)
     if not cfg.name or not (cfg.backend or cfg.platform):
         raise ConfigError("config.pbtxt needs a name and a backend or platform")
-    if cfg.max_batch_size < 0:
-        raise ConfigError("max_batch_size must be >= 0")
-    for tensor in [*cfg.input, *cfg.output]:
-        if not tensor.name or tensor.data_type == mc.TYPE_INVALID or not tensor.dims:
-            raise ConfigError(f"tensor {tensor.name!r} needs a name, a data_type and dims")
-    if any(s > cfg.max_batch_size for s in cfg.dynamic_batching.preferred_batch_size):
-        raise ConfigError("preferred_batch_size above max_batch_size")
     return cfg
 
 
@@ -172,19 +201,27 @@ def _place_file(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def write_model(repo_dir: Path, target: TritonTarget, onnx_path: Path) -> bool:
-    """Write one model directory; returns whether anything in it changed."""
+def write_model(repo_dir: Path, target: TritonTarget, artifact_path: Path, aux: bool = True) -> bool:
+    """Write one model directory in its format's layout; returns whether anything in it changed."""
     model_dir = repo_dir / target.name
     version_dir = model_dir / str(TRITON_VERSION)
-    version_dir.mkdir(parents=True, exist_ok=True)
-    text = config_pbtxt(target)
-    validate_config_pbtxt(text)
     marker = json.dumps({"artifact": target.artifact})
-    changed = _write_text(model_dir / MARKER, marker)
-    if changed or not (version_dir / "model.onnx").exists():
-        _place_file(onnx_path, version_dir / "model.onnx")
-        changed = True
-    return _write_text(model_dir / "config.pbtxt", text) or changed
+    own = model_dir / OWN_CONFIG
+    placed = not (model_dir / MARKER).exists() or (model_dir / MARKER).read_text() != marker \
+        or not version_dir.exists()
+    if placed:  # a new artifact: its files only, nothing of the old one's
+        shutil.rmtree(model_dir, ignore_errors=True)
+        model_dir.mkdir(parents=True)
+        if is_archive(artifact_path):
+            if unpack(artifact_path, model_dir) is not None:  # the upload's own config, kept beside ours
+                os.replace(model_dir / "config.pbtxt", own)
+        else:
+            version_dir.mkdir()
+            _place_file(artifact_path, version_dir / target.format.filename)
+        _write_text(model_dir / MARKER, marker)
+    text = config_pbtxt(target, own.read_text() if own.exists() else None, aux)
+    validate_config_pbtxt(text)
+    return _write_text(model_dir / "config.pbtxt", text) or placed
 
 
 def managed_models(repo_dir: Path) -> set[str]:

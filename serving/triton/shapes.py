@@ -31,8 +31,13 @@ def batchable(signature: Mapping[str, Any] | None) -> bool:
 
 def batch_size(batching: Mapping[str, Any] | None, signature: Mapping[str, Any] | None) -> int:
     """The ``max_batch_size`` a model is really served with: the endpoint's, or 0 when batching
-    would split its answers wrongly."""
+    would split its answers wrongly. A model that came with its config.pbtxt (its signature carries
+    that ``max_batch_size``) keeps it, batched or not, and the endpoint's may only make it smaller."""
     wanted = int((batching or {}).get("max_batch_size") or 0)
+    fixed = (signature or {}).get("max_batch_size")
+    if fixed is not None:  # the model's own config.pbtxt: its dims mean what its max_batch_size says
+        fixed = int(fixed)
+        return min(wanted, fixed) if wanted > 0 and fixed > 0 else fixed
     return wanted if wanted > 0 and batchable(signature) else 0
 
 

@@ -109,8 +109,9 @@ def client(tmp_path: Path):
         yield c
 
 
-@pytest.mark.parametrize("framework", [None, "onnx", "pytorch", "sklearn"])
-@pytest.mark.parametrize("name", sorted(FILES))
+# TorchScript uploaded as pytorch is Triton's pytorch_libtorch model: test_torchscript_uploaded_as_pytorch_...
+@pytest.mark.parametrize("name,framework", [(n, f) for n in sorted(FILES) for f in (None, "onnx", "pytorch", "sklearn")
+                                            if (n, f) != ("model.pt", "pytorch")])
 def test_the_api_refuses_them_with_the_export_instructions(client, tmp_path, name, framework):
     make, kind = FILES[name]
     sha = client.post("/artifacts", content=make(tmp_path / name).read_bytes()).json()["sha256"]
@@ -120,6 +121,14 @@ def test_the_api_refuses_them_with_the_export_instructions(client, tmp_path, nam
     detail = r.json()["detail"]
     assert kind in detail and all(words in detail for words in INSTRUCTION), detail
     assert client.get("/models").json() == []
+
+
+def test_torchscript_uploaded_as_pytorch_is_a_triton_model(client, tmp_path):
+    """ClearML uploads TorchScript with --framework pytorch for its Triton engine: it is registered as
+    the Triton format it is (docs/serving.md, "What a Triton user can bring")."""
+    sha = client.post("/artifacts", content=torchscript(tmp_path / "model.pt").read_bytes()).json()["sha256"]
+    r = client.post("/models", json={"name": "net", "artifact": sha, "framework": "pytorch"})
+    assert r.status_code == 201 and r.json()["framework"] == "torchscript", r.text
 
 
 def test_the_api_keeps_them_for_user_code_with_framework_custom(client, tmp_path):
@@ -145,7 +154,7 @@ def _artifacts(home: Path) -> list[Path]:
     return [p for p in (home / "artifacts").rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("name", [*sorted(FILES), "hf-folder"])
+@pytest.mark.parametrize("name", [*sorted(set(FILES) - {"model.pt"}), "hf-folder"])  # TorchScript: a Triton model
 def test_the_cli_refuses_them_before_uploading(cp, tmp_path, name):
     url, home = cp
     path = hf_folder(tmp_path / name) if name == "hf-folder" else FILES[name][0](tmp_path / name)

@@ -63,3 +63,12 @@ def test_the_worker_adds_and_drops_the_trailing_one_for_exactly_those_tensors():
     unbatched = padded(COUNT["outputs"], batched=False)
     assert unbatched == {"n": 0}
     assert from_api({"n": np.array([9])}, unbatched)["n"].shape == ()
+
+
+@pytest.mark.parametrize("endpoint,fixed,served", [(32, 8, 8), (4, 8, 4), (0, 8, 8), (32, 0, 0), (0, 0, 0)])
+def test_a_model_with_its_own_config_pbtxt_keeps_its_max_batch_size(endpoint, fixed, served):
+    """Its dims mean what its max_batch_size says: batched or not is the model's; the endpoint's
+    --max-batch-size can only make the worker's calls smaller."""
+    signature = {"inputs": [{"name": "TEXT", "dtype": "BYTES", "shape": [-1] if fixed else [3]}], "outputs": [],
+                 "max_batch_size": fixed}
+    assert batch_size({"max_batch_size": endpoint}, signature) == served

@@ -1,0 +1,85 @@
+"""Which model formats an engine serves, checked when a model is uploaded and when it is deployed.
+
+Uploading reads a Triton model (serving/triton/model_folder.py): its config.pbtxt against Triton's
+schema, its files against its format's layout, its signature from config.pbtxt. Deploying on engine
+``triton`` asks which Triton will run it. The rule: with ``SERVING_TRITON_MODEL_REPOSITORY`` set the
+control plane writes an external Triton's repository, and that Triton (NVIDIA's image, every
+backend) serves engine ``triton``; without it, engine ``triton`` is the embedded Triton, whose one
+backend is Python: ONNX and Python-backend models only, anything else a 422 naming the format, the
+backends there are and the way to an external Triton, at ``model add`` rather than as a load failure.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from registry.errors import BadRequest, Unprocessable
+from registry.signature import SignatureError, pytorch_kind
+from serving.triton.model_folder import ModelFolderError, describe
+from serving.triton.model_formats import (
+    FORMATS, TRITON_ONLY, TritonFormat, format_named, servable_formats, target_format, unservable_message,
+)
+
+
+def upload_framework(path: Path, framework: str) -> str:
+    """ClearML uploads TorchScript as ``--framework pytorch``: a TorchScript archive is Triton's
+    ``pytorch_libtorch`` model whatever it was called; any other PyTorch file keeps its framework
+    (and is refused with the ONNX export instructions)."""
+    if framework == "pytorch" and pytorch_kind(path) == "a TorchScript archive (torch.jit.save)":
+        return "torchscript"
+    return framework
+
+
+def triton_signature(path: Path, framework: str) -> dict[str, Any]:
+    """The signature of an uploaded Triton model of a format other than ONNX (SignatureError: a 422)."""
+    try:
+        return describe(path, framework)
+    except ModelFolderError as exc:
+        raise SignatureError(f"not {FORMATS[framework].words} Triton can load: {exc}") from None
+
+
+def aux_format(aux_config: dict[str, str] | None) -> TritonFormat | None:
+    """The format ClearML's ``--aux-config platform=... / backend=...`` names, if any."""
+    aux = aux_config or {}
+    if not (aux.get("platform") or aux.get("backend")):
+        return None
+    named = format_named(aux.get("platform", ""), aux.get("backend", ""))
+    if named is None:
+        raise Unprocessable(f"--aux-config platform={aux.get('platform', '')!r} backend={aux.get('backend', '')!r} "
+                            f"names no model format served here ({', '.join(f.platform or f.backend for f in FORMATS.values())})")
+    return named
+
+
+def deployable_format(engine: str, framework: str, model_ref: str, triton_config: dict[str, Any] | None,
+                      external_triton: bool) -> None:
+    """Refuse a model its engine cannot serve: 400 for a format the engine never takes, 422 for a
+    Triton format the embedded Triton has no backend for."""
+    if engine == "onnxruntime" and framework != "onnx":
+        raise BadRequest(f"engine onnxruntime serves ONNX models; {model_ref} is {framework}")
+    if engine != "triton":
+        return
+    fmt = target_format(framework, triton_config)
+    if fmt is None:
+        raise BadRequest(f"engine triton serves ONNX models and Triton's other formats ({', '.join(TRITON_ONLY)}); "
+                         f"{model_ref} is {framework}: upload it as one of them (`serving model upload` reads the "
+                         "format from the file), or name its format with --aux-config platform=... or backend=...")
+    if fmt.name not in servable_formats(external_triton):
+        raise Unprocessable(unservable_message(fmt, model_ref))
+
+
+def with_format(batching: dict[str, Any], framework: str, aux_config: dict[str, str] | None) -> dict[str, Any]:
+    """The endpoint's batching, its config.pbtxt fields holding the platform/backend --aux-config
+    names when the model's own format is unknown."""
+    extra = endpoint_triton_config(framework, aux_config, dict(batching.get("triton_config") or {}))
+    return {**batching, "triton_config": extra} if extra != (batching.get("triton_config") or {}) else batching
+
+
+def endpoint_triton_config(framework: str, aux_config: dict[str, str] | None,
+                           triton_config: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint's config.pbtxt fields, with the platform/backend --aux-config names when the model's
+    own format is unknown (a model of known format keeps its own: those keys are ignored, as ClearML's
+    READMEs write platform="onnxruntime_onnx" for ONNX files)."""
+    named = aux_format(aux_config) if framework not in FORMATS else None
+    if named is None:
+        return triton_config
+    return {**triton_config, **({"platform": named.platform} if named.platform else {}), "backend": named.backend}
