@@ -1,9 +1,10 @@
-"""Small models of the kinds ClearML Serving's examples serve, built here in seconds.
+"""Small models for the fixtures in ``examples/``, trained or built here in seconds.
 
-Each is trained (or exported) the way the example's ``train_*.py`` does it, smaller:
-the examples' own training scripts need a ClearML server and the MNIST download.
-The ONNX models carry the tensor names the examples' READMEs declare
-(``INPUT__0``/``OUTPUT__0``, ``dense_input``/``activation_2``, ``output``).
+One of each kind a ClearML Serving user deploys: scikit-learn (a classifier, an ensemble), XGBoost,
+LightGBM, and ONNX networks for the Triton engine carrying the tensor names the ClearML-form
+commands declare (``INPUT__0``/``OUTPUT__0``, ``dense_input``/``activation_2``, ``output``). The
+image networks are trained on the seven-segment digits of digits.py, so they read the pictures the
+tests post.
 """
 from __future__ import annotations
 
@@ -15,14 +16,16 @@ from types import ModuleType
 
 import numpy as np
 
+from tests.serving.clearml import digits
+
 EXAMPLES = Path(__file__).with_name("examples")
-HF_REPO_ID = "philschmid/MiniLM-L6-H384-uncased-sst2"  # what the huggingface example's preprocess loads
+TOKENIZER_REPO_ID = "serving-tests/tiny-bert-tokenizer"  # the huggingface fixture asks the hub cache for it
 
 
 def example_module(relative: str) -> ModuleType:
-    """Import an example's preprocess file as the worker would, to run it directly as the reference."""
+    """Import a fixture's preprocess file as the worker would, to run it directly as the reference."""
     path = EXAMPLES / relative
-    name = "clearml_example_" + relative.replace("/", "_").removesuffix(".py")
+    name = "clearml_fixture_" + relative.replace("/", "_").removesuffix(".py")
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -91,50 +94,53 @@ def _export(module, example: "object", path: Path, input_name: str, output_name:
     return path
 
 
-def mnist_cnn(out: Path) -> Path:
-    """The PyTorch example's network (two convolutions, two linear layers), random weights, taking the
-    unbatched [1, 28, 28] image its README declares (``--input-size 1 28 28``) as TorchScript does."""
+def digit_cnn(out: Path) -> Path:
+    """Two convolutions and a linear layer, trained on seven-segment digits; exported taking one
+    unbatched [1, 28, 28] picture of 0-255 pixels (``--input-size 1 28 28``), probabilities out."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
 
-    class Net(nn.Module):
+    class Reader(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv1, self.conv2 = nn.Conv2d(1, 10, 5), nn.Conv2d(10, 20, 5)
-            self.fc1, self.fc2 = nn.Linear(320, 50), nn.Linear(50, 10)
+            self.features = nn.Sequential(nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+                                          nn.Conv2d(6, 12, 5), nn.ReLU(), nn.MaxPool2d(2))
+            self.head = nn.Linear(12 * 4 * 4, 10)
 
         def forward(self, x):
-            x = torch.relu(torch.max_pool2d(self.conv1(x.unsqueeze(0) / 255.0), 2))
-            x = torch.relu(torch.max_pool2d(self.conv2(x), 2))
-            x = torch.relu(self.fc1(x.reshape(-1, 320)))
-            return torch.log_softmax(self.fc2(x), dim=1)
+            x = self.features(x.unsqueeze(1) / 255.0)
+            return torch.softmax(self.head(x.flatten(1)), dim=1)
 
-    return _export(Net(), torch.zeros(1, 28, 28), out / "mnist.onnx", "INPUT__0", "OUTPUT__0")
+    net = Reader()
+    digits.fit(net, *digits.training_set())
+    return _export(net, torch.zeros(1, 28, 28), out / "digits-cnn.onnx", "INPUT__0", "OUTPUT__0")
 
 
-def mnist_dense(out: Path) -> Path:
-    """The Keras example's network (784 -> 512 -> 512 -> 10, softmax), random weights."""
+def digit_dense(out: Path) -> Path:
+    """A two-layer perceptron on the 784 pixels (0-255, any batch), trained on seven-segment digits."""
+    import onnx
     import torch
     from torch import nn
 
     torch.manual_seed(1)
-    net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10),
-                        nn.Softmax(dim=1))
-    with torch.no_grad():
-        net[0].weight.mul_(1 / 255.0)  # raw 0-255 pixels in, as the example's preprocess sends them
-    path = _export(net, torch.zeros(1, 784), out / "mnist-dense.onnx", "dense_input", "activation_2")
-    import onnx
 
-    model = onnx.load(str(path))  # the batch dimension is free, as Keras' (None, 784)
+    class Pixels(nn.Module):  # raw 0-255 pixels in, as the keras fixture sends them
+        def forward(self, x):
+            return x.flatten(1) / 255.0
+
+    net = nn.Sequential(Pixels(), nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10), nn.Softmax(dim=1))
+    digits.fit(net, *digits.training_set(seed=1))
+    path = _export(net, torch.zeros(1, 784), out / "digits-dense.onnx", "dense_input", "activation_2")
+    model = onnx.load(str(path))  # the batch dimension is free
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     onnx.save(model, str(path))
     return path
 
 
 def renamed_output(onnx_path: Path, out: Path, name: str = "output") -> Path:
-    """The tiny BERT classifier with its output named as the huggingface example declares it."""
+    """The tiny BERT classifier with its output named as the huggingface command declares it."""
     import onnx
     from onnx import helper
 
@@ -153,8 +159,8 @@ def renamed_output(onnx_path: Path, out: Path, name: str = "output") -> Path:
 
 def seed_hf_cache(hf_home: Path, tokenizer_dir: Path) -> None:
     """The hub cannot be reached here: put a local tokenizer in the Hugging Face cache under the repo id
-    the example's ``preprocess.py`` asks for, so ``from_pretrained`` finds it offline (HF_HUB_OFFLINE=1)."""
-    repo = hf_home / "hub" / ("models--" + HF_REPO_ID.replace("/", "--"))
+    the huggingface fixture asks for, so ``from_pretrained`` finds it offline (HF_HUB_OFFLINE=1)."""
+    repo = hf_home / "hub" / ("models--" + TOKENIZER_REPO_ID.replace("/", "--"))
     snapshot = repo / "snapshots" / "local"
     snapshot.mkdir(parents=True, exist_ok=True)
     for f in tokenizer_dir.iterdir():

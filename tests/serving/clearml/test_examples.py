@@ -1,194 +1,50 @@
-"""ClearML Serving's own examples, their ``preprocess.py`` unchanged, deployed with each README's own
-``model upload`` / ``model add`` / ``auto-update`` / ``canary`` commands exactly as typed there (names
-with spaces, ``--project``, quoted ``--aux-config``): only ``clearml-serving --id <service_id>`` becomes
-``serving``. Each command line is split as a shell splits it (shlex) and run from a folder holding
-``examples/``, over real sockets to a real stack (control plane, worker, embedded Triton). Every answer
-is compared with running the same preprocess and model directly.
+"""ClearML Serving compatibility over real sockets: the fixtures in ``examples/`` (``preprocess.py``
+files written here against ClearML's ``Preprocess`` interface) deployed with ClearML's command
+lines (commands.py) to a real stack (control plane, statistics service, worker, embedded Triton).
+Every answer is compared with running the same fixture and model directly.
 
-Tests share one stack and run in file order (the pipeline uses the sklearn endpoints; keras' and
-lightgbm's READMEs both auto-update an endpoint named ``test_model_auto``).
+Tests share one stack and run in file order (the pipeline uses the sklearn endpoints; the
+lightgbm and keras flows auto-update one endpoint name, ``test_model_auto``; the statistics test
+uses the sklearn and custom endpoints).
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import re
-import shlex
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
 
 import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serving.clearml import models
+from tests.serving.clearml import digits, models
+from tests.serving.clearml.commands import (COMMANDS, TRAINED, add_update_canary, auto_update_and_canary, endpoint_of,
+                                            routes, run_typed, serve, upload_trained, wait_ready)
 from tests.serving.clearml.models import EXAMPLES, example_module
 from tests.serving.stack import Stack, make_stack
+from tests.support.procs import wait_until
 
 JSON = {"accept": "application/json", "Content-Type": "application/json"}
-IMAGE = EXAMPLES / "pytorch" / "5.jpg"
-SOURCE = "allegroai/clearml-serving@9f51a93, examples/<name>/readme.md"  # where each line below is copied from
-
-# Each README's commands, as typed there (inline code spanning lines is one command).
-README: dict[str, list[str]] = {
-    "sklearn": [
-        'clearml-serving --id <service_id> model add --engine sklearn --endpoint "test_model_sklearn" --preprocess "examples/sklearn/preprocess.py" --name "train sklearn model - sklearn-model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model auto-update --engine sklearn --endpoint "test_model_sklearn_auto" --preprocess "examples/sklearn/preprocess.py" --name "train sklearn model - sklearn-model" --project "serving examples" --max-versions 2',  # noqa: E501
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_sklearn_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_sklearn_auto',  # noqa: E501
-    ],
-    "ensemble": [
-        'clearml-serving --id <service_id> model add --engine sklearn --endpoint "test_model_ensemble" --preprocess "examples/ensemble/preprocess.py" --name "train model ensemble" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model auto-update --engine sklearn --endpoint "test_model_ensemble_auto" --preprocess "examples/ensemble/preprocess.py" --name "train model ensemble" --project "serving examples" --max-versions 2',  # noqa: E501
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_ensemble_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_ensemble_auto',  # noqa: E501
-    ],
-    "xgboost": [
-        'clearml-serving --id <service_id> model add --engine xgboost --endpoint "test_model_xgb" --preprocess "examples/xgboost/preprocess.py" --name "train xgboost model - xgb_model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model auto-update --engine xgboost --endpoint "test_model_xgb_auto" --preprocess "examples/xgboost/preprocess.py" --name "train xgboost model - xgb_model" --project "serving examples" --max-versions 2',  # noqa: E501
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_xgb_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_xgb_auto',  # noqa: E501
-    ],
-    "lightgbm": [
-        'clearml-serving --id <service_id> model add --engine lightgbm --endpoint "test_model_lgbm" --preprocess "examples/lightgbm/preprocess.py" --name "train lightgbm model - lgbm_model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model auto-update --engine lightgbm --endpoint "test_model_auto" --preprocess "examples/lightgbm/preprocess.py" --name "train lightgbm model - lgbm_model" --project "serving examples" --max-versions 2',  # noqa: E501
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_auto',  # noqa: E501
-    ],
-    "custom": [
-        'clearml-serving --id <service_id> model add --engine custom --endpoint "test_model_custom" --preprocess "examples/custom/preprocess.py" --name "custom train model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model auto-update --engine custom --endpoint "test_model_custom_auto" --preprocess "examples/custom/preprocess.py" --name "custom train model" --project "serving examples" --max-versions 2',  # noqa: E501
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_custom_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_custom_auto',  # noqa: E501
-    ],
-    "pipeline": [
-        'clearml-serving --id <service_id> model add --engine sklearn --endpoint "test_model_sklearn_a" --preprocess "examples/sklearn/preprocess.py" --name "train sklearn model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model add --engine sklearn --endpoint "test_model_sklearn_b" --preprocess "examples/sklearn/preprocess.py" --name "train sklearn model" --project "serving examples"',  # noqa: E501
-        'clearml-serving --id <service_id> model add --engine custom --endpoint "test_model_pipeline" --preprocess "examples/pipeline/preprocess.py"',  # noqa: E501
-        'clearml-serving --id <service_id> model add --engine custom_async --endpoint "test_model_pipeline" --preprocess "examples/pipeline/async_preprocess.py"',  # noqa: E501
-    ],
-    "pytorch": [
-        '''clearml-serving --id <service_id> model add --engine triton --endpoint "test_model_pytorch" --preprocess "examples/pytorch/preprocess.py" --name "train pytorch model" --project "serving examples"
-  --input-size 1 28 28 --input-name "INPUT__0" --input-type float32
-  --output-size -1 10 --output-name "OUTPUT__0" --output-type float32
-''',
-        '''clearml-serving --id <service_id> model auto-update --engine triton --endpoint "test_model_pytorch_auto" --preprocess "examples/pytorch/preprocess.py" --name "train pytorch model" --project "serving examples" --max-versions 2
-  --input-size 1 28 28 --input-name "INPUT__0" --input-type float32
-  --output-size -1 10 --output-name "OUTPUT__0" --output-type float32''',
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_pytorch_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_pytorch_auto',  # noqa: E501
-    ],
-    "keras": [
-        '''clearml-serving --id <service_id> model add --engine triton --endpoint "test_model_keras" --preprocess "examples/keras/preprocess.py" --name "train keras model - serving_model" --project "serving examples" --input-size 1 784 --input-name "dense_input" --input-type float32 --output-size -1 10 --output-name "activation_2" --output-type float32
-''',
-        '''clearml-serving --id <service_id> model auto-update --engine triton --endpoint "test_model_auto" --preprocess "examples/keras/preprocess.py" --name "train keras model - serving_model" --project "serving examples" --max-versions 2
-  --input-size 1 784 --input-name "dense_input" --input-type float32
-  --output-size -1 10 --output-name "activation_2" --output-type float32''',
-        'clearml-serving --id <service_id> model canary --endpoint "test_model_auto" --weights 0.1 0.9 --input-endpoint-prefix test_model_auto',  # noqa: E501
-    ],
-    "huggingface": [
-        'clearml-serving --id <your_service_ID> model upload --name "Transformer ONNX" --project "Hugginface Serving" --path model.bin',  # noqa: E501
-        # Without dynamic batching
-        r'clearml-serving --id <your_service_ID> model add --engine triton --endpoint "transformer_model" --model-id <your_model_ID> --preprocess examples/huggingface/preprocess.py --input-size "[-1, -1]" "[-1, -1]" "[-1, -1]" --input-type int32 int32 int32 --input-name "input_ids" "token_type_ids" "attention_mask" --output-size "[-1, 2]" --output-type float32 --output-name "output" --aux-config platform=\"tensorrt_plan\" default_model_filename=\"model.bin\"',  # noqa: E501
-        # With dynamic batching
-        r'clearml-serving --id <your_service_ID> model add --engine triton --endpoint "transformer_model" --model-id <your_model_ID> --preprocess examples/huggingface/preprocess.py --input-size "[-1]" "[-1]" "[-1]" --input-type int32 int32 int32 --input-name "input_ids" "token_type_ids" "attention_mask" --output-size "[2]" --output-type float32 --output-name "output" --aux-config platform=\"onnxruntime_onnx\" default_model_filename=\"model.bin\" dynamic_batching.preferred_batch_size="[1,2,4,8,16,32,64]" dynamic_batching.max_queue_delay_microseconds=5000000 max_batch_size=64',  # noqa: E501
-    ],
-}
-
-# What each example's train script registers in ClearML (its README's name and project), uploaded here in its
-# place: our stand-in for `python examples/<name>/train_model.py`, which needs a ClearML server.
-TRAINED = {"sklearn": ("train sklearn model - sklearn-model", "sklearn-model.pkl"),
-           "ensemble": ("train model ensemble", "ensemble-vr.pkl"),
-           "xgboost": ("train xgboost model - xgb_model", "xgb_model.json"),
-           "lightgbm": ("train lightgbm model - lgbm_model", "lgbm_model.txt"),
-           "custom": ("custom train model", "custom-model.pkl"),
-           "pipeline": ("train sklearn model", "sklearn-model.pkl"),
-           "pytorch": ("train pytorch model", "mnist.onnx"),
-           "keras": ("train keras model - serving_model", "mnist-dense.onnx")}
 
 
-def as_typed(line: str, **placeholders: str) -> list[str]:
-    """The README's line as a shell splits it, ``clearml-serving --id <...>`` becoming ``serving``."""
-    line = re.sub(r"^clearml-serving --id <[A-Za-z_]+> ", "serving ", line.strip())
-    for placeholder, value in placeholders.items():
-        line = line.replace(placeholder, value)
-    argv = shlex.split(line)
-    assert argv[0] == "serving", line
-    return argv
-
-
-def run_typed(stack: Stack, workdir: Path, line: str, check: bool = True, **placeholders: str) -> subprocess.CompletedProcess:
-    argv = as_typed(line, **placeholders)
-    script = Path(sys.executable).with_name("serving")
-    cmd = [str(script), *argv[1:]] if script.exists() else [sys.executable, "-m", "serving.cli.main", *argv[1:]]
-    res = subprocess.run(cmd, env=stack.env, cwd=workdir, capture_output=True, text=True, timeout=180)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{line}\nfailed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
-
-
-def upload_trained(stack: Stack, workdir: Path, example: str) -> None:
-    name, file = TRAINED[example]
-    run_typed(stack, workdir, f'serving model upload --name "{name}" --project "serving examples" --path {file}')
-
-
-def wait_ready(stack: Stack, endpoint: str, versions: set[int] | None = None, timeout: float = 120.0) -> None:
-    """The worker has the control plane's current revision, and the endpoint is ready (serving exactly
-    ``versions`` when given)."""
-    url = f"{stack.worker_url()}/v2/models/{endpoint}/ready"
-    revision = stack.api().get("/health").json()["revision"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status = httpx.get(f"{stack.worker_url()}/status", timeout=5).json()
-            served = {v["version"] for v in status["endpoints"].get(endpoint, {}).get("versions", [])}
-            if status["revision"] >= revision and (versions is None or served == versions) \
-                    and httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    status = httpx.get(f"{stack.worker_url()}/status", timeout=5).json()
-    raise AssertionError(f"{endpoint} not ready (versions {versions}) after {timeout}s; worker status: {status}")
-
-
-def serve(stack: Stack, endpoint: str, **kwargs) -> httpx.Response:
-    return httpx.post(f"{stack.worker_url()}/serve/{endpoint}", timeout=60, **kwargs)
-
-
-def direct(preprocess_file: str, body, predict) -> object:
-    """The reference: the example's own preprocess -> the model run directly -> its postprocess."""
-    user = example_module(preprocess_file).Preprocess()
-    return user.postprocess(predict(user.preprocess(body, {}, None)), {}, None)
-
-
-def routes(stack: Stack, endpoint: str) -> dict[int, float]:
-    return {t["version"]: t["weight"] for t in stack.api().get(f"/endpoints/{endpoint}").json()["targets"]}
-
-
-def auto_update_and_canary(stack: Stack, workdir: Path, example: str, check) -> None:
-    """The README's auto-update, a second trained version, then its canary: versions 1 and 2 share 10/90,
-    and every answer of the auto endpoint is the model's (both versions are the same model)."""
-    _, auto_update, canary = README[example]
-    endpoint = as_typed(auto_update)[as_typed(auto_update).index("--endpoint") + 1]
-    run_typed(stack, workdir, auto_update)
-    upload_trained(stack, workdir, example)  # version 2
-    run_typed(stack, workdir, canary)
-    assert routes(stack, endpoint) == pytest.approx({1: 10.0, 2: 90.0})
-    wait_ready(stack, endpoint, {1, 2})
-    seen = set()
-    for _ in range(10):
-        r = check(endpoint)
-        seen.add(r.headers.get("X-Model-Version", "1"))
-    assert seen <= {"1", "2"}
-
-
-def as_the_readme_says(stack: Stack, workdir: Path, example: str, check) -> None:
-    """The trained model, the README's `model add` and a check of its endpoint, then its auto-update and canary."""
-    upload_trained(stack, workdir, example)
-    add = README[example][0]
-    endpoint = as_typed(add)[as_typed(add).index("--endpoint") + 1]
-    run_typed(stack, workdir, add)
-    wait_ready(stack, endpoint)
-    check(endpoint)
-    auto_update_and_canary(stack, workdir, example, check)
+def direct(fixture: str, body: Any, run: Callable[[Any], Any] | None = None, model_file: Path | None = None,
+           **endpoint: Any) -> Any:
+    """The reference: the fixture's hooks called in the worker's order with one ``state`` dict, the
+    model run directly by ``run`` (None: the fixture's own ``process``)."""
+    user = example_module(fixture).Preprocess()
+    user.model_endpoint = SimpleNamespace(**endpoint)
+    if model_file is not None:
+        user.load(str(model_file))
+    state: dict = {}
+    data = user.preprocess(body, state, None)
+    data = user.process(data, state, None) if run is None else run(data)
+    return user.postprocess(data, state, None)
 
 
 @pytest.fixture(scope="module")
@@ -199,54 +55,53 @@ def built(tmp_path_factory, tiny_model):
     return {"out": out, "hf_home": hf_home, "sklearn": models.sklearn_logistic(out),
             "ensemble": models.sklearn_ensemble(out), "xgboost": models.xgboost_regressor(out),
             "lightgbm": models.lightgbm_multiclass(out), "custom": models.sklearn_logistic(out, n_features=3),
-            "pytorch": models.mnist_cnn(out), "keras": models.mnist_dense(out),
+            "pytorch": models.digit_cnn(out), "keras": models.digit_dense(out),
             "huggingface": models.renamed_output(tiny_model.onnx_path, out)}
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, built) -> Path:
-    """Where the READMEs' commands run: ``examples/`` (ClearML's repository root) and the model files."""
+    """Where the commands run: ``examples/`` beside the trained model files."""
     work = tmp_path_factory.mktemp("clearml-checkout")
     (work / "examples").symlink_to(EXAMPLES, target_is_directory=True)
-    for example, (_, file) in TRAINED.items():
-        shutil.copy(built["sklearn" if example == "pipeline" else example], work / file)
-    shutil.copy(built["huggingface"], work / "model.bin")  # the README's `curl ... -o model.bin`
+    for fixture, (_, file) in TRAINED.items():
+        shutil.copy(built["sklearn" if fixture == "pipeline" else fixture], work / file)
+    shutil.copy(built["huggingface"], work / "model.bin")
     return work
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, built):
     s = make_stack(tmp_path_factory.mktemp("clearml-stack"), workers=1)
-    s.env.update({"HF_HOME": str(built["hf_home"]), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    s.env.update({"HF_HOME": str(built["hf_home"]), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                  "SERVING_STATISTICS_HOST": "127.0.0.1"})
     try:
-        s.start_control_plane()
-        s.start_triton()
-        s.start_worker(0)
+        s.start_components(statistics=True, triton=True)
         yield s
     finally:
         s.stop_all()
 
 
 # --- in-process engines -----------------------------------------------------------------------
-def test_sklearn(stack, workdir, built):
+def test_sklearn_json_and_gzip(stack, workdir, built):
     import joblib
 
+    predict = joblib.load(built["sklearn"]).predict
     upload_trained(stack, workdir, "sklearn")
-    run_typed(stack, workdir, README["sklearn"][0])
+    run_typed(stack, workdir, COMMANDS["sklearn"][0])
     wait_ready(stack, "test_model_sklearn")
     r = serve(stack, "test_model_sklearn", headers=JSON, json={"x0": 1, "x1": 2})
     assert r.status_code == 200, r.text
-    model = joblib.load(built["sklearn"])
-    assert r.json() == direct("sklearn/preprocess.py", {"x0": 1, "x1": 2}, model.predict)
-    # the same body gzip-encoded, as ClearML accepts it
+    assert r.json() == direct("sklearn/preprocess.py", {"x0": 1, "x1": 2}, predict)
     r = serve(stack, "test_model_sklearn", content=gzip.compress(b'{"x0": -9, "x1": 3}'),
               headers={**JSON, "Content-Encoding": "gzip"})
-    assert r.status_code == 200 and r.json() == direct("sklearn/preprocess.py", {"x0": -9, "x1": 3}, model.predict)
+    assert r.status_code == 200 and r.json() == direct("sklearn/preprocess.py", {"x0": -9, "x1": 3}, predict)
+    assert {tuple(direct("sklearn/preprocess.py", {"x0": x, "x1": 2}, predict)["y"]) for x in (-12, 8)} == {(0,), (1,)}
 
 
 def test_sklearn_auto_update_and_canary(stack, workdir, built):
-    """The README's auto-update then canary: the newest two versions share traffic 10/90, and keep doing
-    so as a new version is uploaded."""
+    """auto-update then canary: the newest two versions share traffic 10/90, and keep doing so as a
+    new version is uploaded."""
     import joblib
 
     expected = direct("sklearn/preprocess.py", {"x0": 1, "x1": 2}, joblib.load(built["sklearn"]).predict)
@@ -274,148 +129,202 @@ def test_sklearn_auto_update_and_canary(stack, workdir, built):
     assert other.returncode != 0 and "other endpoints" in other.stdout + other.stderr
 
 
-def test_ensemble(stack, workdir, built):
+def test_canary_prefix_flag_misspelled_is_refused_naming_the_right_one(stack, workdir):
+    """``--input-endpoints-prefix`` (plural) appears in ClearML's own documentation, but its argparse
+    refuses it too; here the refusal names the flag meant."""
+    line = COMMANDS["sklearn"][2].replace("--input-endpoint-prefix", "--input-endpoints-prefix")
+    before = stack.api().get("/endpoints/test_model_sklearn_auto").json()
+    refused = run_typed(stack, workdir, line, check=False)
+    assert refused.returncode != 0 and "--input-endpoint-prefix" in refused.stdout + refused.stderr
+    assert stack.api().get("/endpoints/test_model_sklearn_auto").json() == before  # nothing changed
+
+
+def test_ensemble_model_from_load(stack, workdir, built):
+    """``load`` returns the estimator; one point and a batch of points."""
     import joblib
 
-    body = {"x0": 1, "x1": 2}
-    expected = direct("ensemble/preprocess.py", body, joblib.load(built["ensemble"]).predict)
+    predict = joblib.load(built["ensemble"]).predict
+    bodies = ({"x0": 1, "x1": 2}, {"points": [[1, 2], [-8, 4], [0.5, 7]]})
 
     def check(ep: str) -> httpx.Response:
-        r = serve(stack, ep, headers=JSON, json=body)
-        assert r.status_code == 200, r.text
-        np.testing.assert_allclose(r.json()["y"], expected["y"], rtol=1e-12)
+        for body in bodies:
+            r = serve(stack, ep, headers=JSON, json=body)
+            assert r.status_code == 200, r.text
+            want = direct("ensemble/preprocess.py", body, predict)["y"]
+            assert len(r.json()["y"]) == len(want)
+            np.testing.assert_allclose(r.json()["y"], want, rtol=1e-12)
         return r
 
-    as_the_readme_says(stack, workdir, "ensemble", check)
+    add_update_canary(stack, workdir, "ensemble", check, v2=False)
 
 
-def test_xgboost(stack, workdir, built):
+@pytest.mark.xfail(strict=True, reason="serving/worker: an in-process engine whose model came from Preprocess.load() "
+                                       "is never prepared (config_sync), so its ready() stays False: v2 /ready is a "
+                                       "503 while the endpoint serves")
+def test_v2_ready_when_load_returned_the_model(stack, workdir):
+    if stack.api().get("/endpoints/test_model_ensemble").status_code == 404:  # run on its own
+        upload_trained(stack, workdir, "ensemble")
+        run_typed(stack, workdir, COMMANDS["ensemble"][0])
+    wait_ready(stack, "test_model_ensemble", v2=False)
+    r = httpx.get(f"{stack.worker_url()}/v2/models/test_model_ensemble/ready", timeout=5)
+    assert r.status_code == 200, r.text
+
+
+def test_xgboost_dmatrix_and_state(stack, workdir, built):
     import xgboost as xgb
 
     booster = xgb.Booster()
     booster.load_model(str(built["xgboost"]))
-    body = {"x0": 1, "x1": 2, "x2": 3, "x3": 4}
-    expected = direct("xgboost/preprocess.py", body, booster.predict)["y"]
+    body = {"x0": 6.1, "x1": 2.8, "x2": 4.7, "x3": 1.2}
+    expected = direct("xgboost/preprocess.py", body, booster.predict)
 
     def check(ep: str) -> httpx.Response:
         r = serve(stack, ep, headers=JSON, json=body)
         assert r.status_code == 200, r.text
-        np.testing.assert_allclose(r.json()["y"], expected, rtol=1e-6)
+        assert r.json()["rows"] == expected["rows"] == 1  # set in preprocess, read in postprocess
+        np.testing.assert_allclose(r.json()["y"], expected["y"], rtol=1e-6)
         return r
 
-    as_the_readme_says(stack, workdir, "xgboost", check)
+    add_update_canary(stack, workdir, "xgboost", check)
 
 
 def test_lightgbm(stack, workdir, built):
     import lightgbm as lgb
 
     booster = lgb.Booster(model_file=str(built["lightgbm"]))
-    bodies = ({"x0": 1, "x1": 2, "x2": 3, "x3": 4}, {"x0": 6.5, "x1": 3, "x2": 5.5, "x3": 2})
+    bodies = ({"x0": 5.0, "x1": 3.4, "x2": 1.5, "x3": 0.2}, {"x0": 6.5, "x1": 3, "x2": 5.5, "x3": 2})
+    expected = [direct("lightgbm/preprocess.py", body, booster.predict) for body in bodies]
+    assert [e["y"] for e in expected] == [0, 2]  # the test tells classes apart
 
     def check(ep: str) -> httpx.Response:
-        for body in bodies:
+        for body, want in zip(bodies, expected):
             r = serve(stack, ep, headers=JSON, json=body)
             assert r.status_code == 200, r.text
-            assert r.json() == direct("lightgbm/preprocess.py", body, booster.predict)
+            assert r.json()["y"] == want["y"] and r.json()["p"] == pytest.approx(want["p"], rel=1e-9)
         return r
 
-    as_the_readme_says(stack, workdir, "lightgbm", check)
+    add_update_canary(stack, workdir, "lightgbm", check)
 
 
-def test_custom_example_is_broken_on_current_numpy(stack, workdir):
-    """Its preprocess calls np.float, removed in numpy 1.24: ClearML Serving fails on it the same way.
-    Its endpoints deploy and answer a 422 naming the error, exactly what running it directly raises."""
+def test_custom_load_process_and_errors(stack, workdir, built):
+    """``load`` keeps the model, ``process`` runs it; a body the fixture refuses is a 422 naming what
+    its ``preprocess`` said, as running it directly raises."""
+    bodies = ({"features": [1, 2, 3]}, {"features": [-9, 4, 7]})
+    expected = [direct("custom/preprocess.py", b, model_file=built["custom"]) for b in bodies]
+
     def check(ep: str) -> httpx.Response:
-        r = serve(stack, ep, headers=JSON, json={"features": [1, 2, 3]})
-        assert r.status_code == 422 and "np" in r.json()["error"] and "float" in r.json()["error"], r.text
-        return r
+        for body, want in zip(bodies, expected):
+            r = serve(stack, ep, headers=JSON, json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["label"] == want["label"]
+            assert r.json()["confidence"] == pytest.approx(want["confidence"], rel=1e-12)
+        r = serve(stack, ep, headers=JSON, json={"features": [1, 2]})
+        assert r.status_code == 422 and "'features': a list of 3 numbers" in r.json()["error"], r.text
+        return serve(stack, ep, headers=JSON, json=bodies[0])
 
-    as_the_readme_says(stack, workdir, "custom", check)
-    user = example_module("custom/preprocess.py").Preprocess()
-    with pytest.raises(AttributeError, match="float"):
-        user.preprocess({"features": [1, 2, 3]}, {}, None)
+    add_update_canary(stack, workdir, "custom", check)
+    with pytest.raises(ValueError, match="a list of 3 numbers"):
+        direct("custom/preprocess.py", {"features": [1, 2]}, model_file=built["custom"])
 
 
 def test_template_endpoint_without_a_model(stack):
-    """preprocess_template has no README; deployed as the pipeline README deploys a model-less endpoint."""
+    """Every hook passing through, deployed with no model: JSON back as JSON, bytes back as bytes."""
     stack.cli("model", "add", "--engine", "custom", "--endpoint", "test_template",
               "--preprocess", str(EXAMPLES / "preprocess_template/preprocess_template.py"))
     wait_ready(stack, "test_template")
-    r = serve(stack, "test_template", headers=JSON, json={"x0": 1, "x1": [2, 3]})
-    assert r.status_code == 200, r.text
-    assert r.json() == direct("preprocess_template/preprocess_template.py", {"x0": 1, "x1": [2, 3]}, lambda d: d)
+    body = {"x0": 1, "x1": [2, 3]}
+    r = serve(stack, "test_template", headers=JSON, json=body)
+    assert r.status_code == 200 and r.json() == direct("preprocess_template/preprocess_template.py", body) == body
+    png = digits.encoded(3, "PNG")
+    r = serve(stack, "test_template", headers={"Content-Type": "image/png"}, content=png)
+    assert r.status_code == 200 and r.content == png, r.text
 
 
-def test_pipeline(stack, workdir, built):
-    """Two sklearn endpoints and a pipeline endpoint that calls both with send_request and averages: the
-    threaded version, then the asyncio version on the same endpoint, as the README deploys them."""
+def test_pipeline_threads_then_asyncio(stack, workdir, built):
+    """Two sklearn endpoints and a pipeline endpoint calling both with send_request and averaging:
+    the threaded version, then the asyncio version on the same endpoint."""
     import joblib
 
     upload_trained(stack, workdir, "pipeline")
-    add_a, add_b, threaded, asyncio_version = README["pipeline"]
+    add_a, add_b, threaded, asyncio_version = COMMANDS["pipeline"]
     run_typed(stack, workdir, add_a)
     run_typed(stack, workdir, add_b)
-    y = joblib.load(built["sklearn"]).predict([[1, 2]])[0]
+    predict = joblib.load(built["sklearn"]).predict
     for line, engine in ((threaded, "custom"), (asyncio_version, "custom_async")):
         run_typed(stack, workdir, line)
         assert stack.api().get("/endpoints/test_model_pipeline").json()["engine"] == engine
         for ep in ("test_model_sklearn_a", "test_model_sklearn_b", "test_model_pipeline"):
             wait_ready(stack, ep)
         assert httpx.get(f"{stack.worker_url()}/status").json()["endpoints"]["test_model_pipeline"]["engine"] == engine
-        r = serve(stack, "test_model_pipeline", headers=JSON, json={"x0": 1, "x1": 2})
-        assert r.status_code == 200, r.text
-        assert r.json() == {"y": 0.5 * y + 0.5 * y}
+        for x0 in (-12, 8):  # one point of each class
+            r = serve(stack, "test_model_pipeline", headers=JSON, json={"x0": x0, "x1": 2})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"y": float(predict([[x0, 2]])[0])}
+    r = serve(stack, "test_model_pipeline", headers=JSON, json={"x0": 1})
+    assert r.status_code == 422 and "missing x1" in r.json()["error"], r.text
 
 
-# --- Triton engine, images as raw bytes -----------------------------------------------------------
-def _onnx(path):
+# --- Triton engine, ONNX; pictures as raw bytes or JSON ---------------------------------------------
+def _onnx(path: Path, feed: str, shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda feed_name, array: sess.run(None, {feed_name: array})[0]
+    return lambda array: sess.run(None, {feed: array.reshape(shape).astype(np.float32)})[0]
 
 
-def test_pytorch_image_bytes(stack, workdir, built):
-    run = _onnx(built["pytorch"])
-    expected = direct("pytorch/preprocess.py", IMAGE.read_bytes(), lambda x: run("INPUT__0", x.astype(np.float32)))
-
-    def check(ep: str) -> httpx.Response:  # the README's `curl ... -H "Content-Type: image/jpeg" --data-binary "@5.jpg"`
-        r = serve(stack, ep, headers={"Content-Type": "image/jpeg"}, content=IMAGE.read_bytes())
-        assert r.status_code == 200 and r.json() == expected, r.text
-        return r
-
-    upload_trained(stack, workdir, "pytorch")
-    run_typed(stack, workdir, README["pytorch"][0])
-    wait_ready(stack, "test_model_pytorch")
-    check("test_model_pytorch")
-    r = serve(stack, "test_model_pytorch", headers={"Content-Type": "image/jpeg"}, content=b"not an image")
-    assert r.status_code == 422 and "Image could not be decoded" in r.json()["error"]
-    auto_update_and_canary(stack, workdir, "pytorch", check)
-
-
-def test_keras_image_bytes(stack, workdir, built):
-    run = _onnx(built["keras"])
-    # the 28x28 image goes to the 784-wide input it was declared as (--input-size 1 784)
-    expected = direct("keras/preprocess.py", IMAGE.read_bytes(),
-                      lambda x: run("dense_input", x.reshape(1, 784).astype(np.float32)))
+def test_pytorch_picture_bytes(stack, workdir, built):
+    run = _onnx(built["pytorch"], "INPUT__0", (1, 28, 28))
+    pictures = {"image/jpeg": digits.encoded(5), "image/png": digits.encoded(2, "PNG")}
+    expected = {kind: direct("pytorch/preprocess.py", body, run, input_size=[[1, 28, 28]])
+                for kind, body in pictures.items()}
+    assert (expected["image/jpeg"]["digit"], expected["image/png"]["digit"]) == (5, 2)  # the network reads them
 
     def check(ep: str) -> httpx.Response:
-        r = serve(stack, ep, headers={"Content-Type": "image/jpeg"}, content=IMAGE.read_bytes())
+        for kind, body in pictures.items():
+            r = serve(stack, ep, headers={"Content-Type": kind}, content=body)
+            assert r.status_code == 200, r.text
+            got, want = r.json(), expected[kind]
+            assert (got["digit"], got["size"]) == (want["digit"], [28, 28])
+            np.testing.assert_allclose(got["probabilities"], want["probabilities"], atol=1e-6)
+        return r
+
+    add_update_canary(stack, workdir, "pytorch", check)
+    r = serve(stack, "test_model_pytorch", headers={"Content-Type": "image/jpeg"}, content=b"not a picture")
+    assert r.status_code == 422 and "not a picture Pillow can read" in r.json()["error"], r.text
+    r = serve(stack, "test_model_pytorch", headers=JSON, json={"x": 1})
+    assert r.status_code == 422 and "image Content-Type" in r.json()["error"], r.text
+
+
+def test_keras_picture_as_bytes_or_base64_json(stack, workdir, built):
+    """The 28x28 array the fixture returns goes to the flat 784-wide input the endpoint declared."""
+    run = _onnx(built["keras"], "dense_input", (1, 784))
+    jpeg = digits.encoded(7)
+    expected = direct("keras/preprocess.py", jpeg, run)
+    assert expected == {"digit": 7}
+    as_json = {"image": base64.b64encode(jpeg).decode()}
+    assert direct("keras/preprocess.py", as_json, run) == expected
+
+    def check(ep: str) -> httpx.Response:
+        r = serve(stack, ep, headers=JSON, json=as_json)
+        assert r.status_code == 200 and r.json() == expected, r.text
+        r = serve(stack, ep, headers={"Content-Type": "image/jpeg"}, content=jpeg)
         assert r.status_code == 200 and r.json() == expected, r.text
         return r
 
-    as_the_readme_says(stack, workdir, "keras", check)
+    add_update_canary(stack, workdir, "keras", check)
+    r = serve(stack, "test_model_keras", headers=JSON, json={"image": "%%%"})
+    assert r.status_code == 422 and "base64" in r.json()["error"], r.text
 
 
 def test_huggingface_as_typed(stack, workdir, built, tiny_model):
-    """`model upload` prints the model id the README's `--model-id <your_model_ID>` takes; both `model add`
-    commands run as typed, --aux-config with its escaped quotes and its list given as a string. The
-    example's preprocess returns [input_ids, token_type_ids, attention_mask]; the model takes input_ids,
-    attention_mask, token_type_ids: bound by the declared names, the logits are right."""
+    """`model upload` prints the model id `--model-id <your_model_ID>` takes; both `model add` lines
+    run as typed, --aux-config with its escaped quotes and its list given as a string. The fixture
+    returns [input_ids, token_type_ids, attention_mask]; the model takes input_ids, attention_mask,
+    token_type_ids: bound by the declared names, the logits are right."""
     from transformers import AutoTokenizer
 
-    upload, without_batching, with_batching = README["huggingface"]
+    upload, without_batching, with_batching = COMMANDS["huggingface"]
     printed = run_typed(stack, workdir, upload).stdout
     model_id = re.search(r"model id (\d+)", printed).group(1)
-    text = "This is a ClearML example to show how Triton binaries are deployed."
+    text = "Deploying a transformer classifier from its ONNX file, tokenizer from the hub cache."
     tok = AutoTokenizer.from_pretrained(str(tiny_model.tokenizer_dir))(text=text, max_length=16, truncation=True,
                                                                        return_tensors="np")
     sess = ort.InferenceSession(str(built["huggingface"]), providers=["CPUExecutionProvider"])
@@ -445,17 +354,67 @@ def test_huggingface_as_typed(stack, workdir, built, tiny_model):
 
 
 def test_huggingface_wrong_input_name_is_refused(stack, workdir):
-    line = README["huggingface"][2].replace('"attention_mask"', '"attention_masks"')
+    line = COMMANDS["huggingface"][2].replace('"attention_mask"', '"attention_masks"')
     wrong = run_typed(stack, workdir, line, check=False, **{"<your_model_ID>": '"Transformer ONNX"'})  # a name works too
     assert wrong.returncode != 0 and "attention_masks" in wrong.stdout + wrong.stderr
     assert "422" in wrong.stdout + wrong.stderr
 
 
-def test_metrics_add_with_clearml_syntax(stack):
-    stack.cli("metrics", "add", "--endpoint", "test_model_sklearn/1", "--variable-scalar",
-              "x0=0,0.1,0.5,1,10", "x1=0,0.1,0.5,1,10")
+# --- custom statistics ---------------------------------------------------------------------------------
+def _samples(stack: Stack, family: str, endpoint: str) -> dict[tuple, float]:
+    text = httpx.get(f"{stack.statistics_url()}/metrics", timeout=5).text
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("endpoint", "version")))): s.value
+            for f in text_string_to_metric_families(text) if f.name == family
+            for s in f.samples if s.labels.get("endpoint") == endpoint}
+
+
+def test_statistics_of_every_kind_from_collect_custom_statistics_fn(stack, workdir, built):
+    """`metrics add` as ClearML types it (``E/1``, ``E/*``, lists of variables, buckets); the values
+    the fixtures hand collect_custom_statistics_fn come back from the statistics service as a
+    histogram (scalar), counts per value (enum) and the last value (value)."""
+    add_scalar, add_custom, remove = COMMANDS["metrics"]
+    run_typed(stack, workdir, add_scalar)
+    run_typed(stack, workdir, add_custom)
     listed = stack.cli("metrics", "list", "--json").stdout
-    assert '"x0"' in listed and '"x1"' in listed and "test_model_sklearn" in listed
-    stack.cli("metrics", "remove", "--endpoint", "test_model_sklearn/*", "--variable", "x0", "x1")
-    metrics = httpx.get(f"{stack.control_plane}/endpoints/test_model_sklearn", headers=stack.headers()).json()["metrics"]
+    for name in ('"x0"', '"x1"', '"label"', '"confidence"', '"width"'):
+        assert name in listed, listed
+    revision = stack.api().get("/health").json()["revision"]
+    wait_until(lambda: httpx.get(f"{stack.statistics_url()}/health").json()["revision"] >= revision,
+               timeout=30, what="the statistics service has the variables")
+    wait_ready(stack, "test_model_custom")
+
+    xs = [-3, 0.05, 0.3, 0.7, 5, 20]
+    for x in xs:
+        assert serve(stack, "test_model_sklearn", headers=JSON, json={"x0": x, "x1": 0.5}).status_code == 200
+    bodies = [{"features": [1, 2, 3]}, {"features": [-9, 4, 7]}, {"features": [0, 0, 5]}]
+    answers = [serve(stack, "test_model_custom", headers=JSON, json=b).json() for b in bodies]
+    scalar = wait_until(lambda: (s := _samples(stack, "serving_variable_scalar", "test_model_sklearn"))
+                        and s.get(("serving_variable_scalar_count", (("variable", "x0"),))) == len(xs) and s,
+                        timeout=30, what="x0 counted")
+    cumulative = [scalar[("serving_variable_scalar_bucket", (("le", le), ("variable", "x0")))]
+                  for le in ("0.0", "0.1", "0.5", "1.0", "10.0", "+Inf")]
+    assert cumulative == [1, 2, 3, 4, 5, 6]  # one value in each bucket, le: value <= bound
+    assert scalar[("serving_variable_scalar_sum", (("variable", "x0"),))] == pytest.approx(sum(xs))
+    assert scalar[("serving_variable_scalar_count", (("variable", "x1"),))] == len(xs)
+
+    enum = wait_until(lambda: (s := _samples(stack, "serving_variable_enum", "test_model_custom"))
+                      and sum(v for (n, _), v in s.items() if n.endswith("_total")) == len(bodies) and s,
+                      timeout=30, what="labels counted")
+    labels = [a["label"] for a in answers]
+    for value in ("left", "right"):
+        assert enum[("serving_variable_enum_total", (("value", value), ("variable", "label")))] == labels.count(value)
+    gauge = _samples(stack, "serving_variable_value", "test_model_custom")
+    assert gauge[("serving_variable_value", (("variable", "confidence"),))] == pytest.approx(answers[-1]["confidence"])
+    widths = _samples(stack, "serving_variable_scalar", "test_model_custom")
+    assert widths[("serving_variable_scalar_sum", (("variable", "width"),))] == pytest.approx(2 + 16 + 5)
+
+    run_typed(stack, workdir, remove)
+    metrics = stack.api().get("/endpoints/test_model_sklearn").json()["metrics"]
     assert metrics == []
+
+
+@pytest.mark.xfail(strict=True, reason="serving/cli/endpoints.py: --variable-scalar takes listed buckets only, not "
+                                       "ClearML's NAME=MIN/MAX/COUNT form")
+def test_scalar_buckets_as_min_max_count(stack, workdir):
+    line = f'{COMMANDS["metrics"][0].split(" --variable-scalar")[0]} --variable-scalar "x1=0.0/1.0/5"'
+    run_typed(stack, workdir, line)

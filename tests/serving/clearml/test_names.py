@@ -26,6 +26,7 @@ from serving.testmodels import build_bert_classifier
 from serving.triton.aux_config import AuxConfigError, parse_aux, split_pairs
 from serving.triton.naming import triton_base_name, triton_model_name
 from serving.triton.repository import DEFAULT_BATCHING, RepositorySync, validate_config_pbtxt
+from tests.serving.clearml.commands import COMMANDS, as_typed
 from tests.serving.stack import Stack, make_stack
 
 CLEARML_NAME = "train sklearn model - sklearn-model"
@@ -76,12 +77,17 @@ def test_model_name_rules_are_said_in_words():
 
 
 # --- --aux-config --------------------------------------------------------------------------------
-HF_AUX = ['platform="onnxruntime_onnx"', 'default_model_filename="model.bin"',  # the README's \" kept
-          "dynamic_batching.preferred_batch_size=[1,2,4,8,16,32,64]",  # "..." removed by the shell
-          "dynamic_batching.max_queue_delay_microseconds=5000000", "max_batch_size=64"]
+_TYPED = as_typed(COMMANDS["huggingface"][2])
+HF_AUX = _TYPED[_TYPED.index("--aux-config") + 1:]  # the pairs as the shell hands them over
 
 
-def test_aux_config_as_the_huggingface_readme_writes_it():
+def test_the_shell_keeps_escaped_quotes_and_drops_plain_ones():
+    assert HF_AUX == ['platform="onnxruntime_onnx"', 'default_model_filename="model.bin"',
+                      "dynamic_batching.preferred_batch_size=[1,2,4,8,16,32,64]",
+                      "dynamic_batching.max_queue_delay_microseconds=5000000", "max_batch_size=64"]
+
+
+def test_aux_config_as_the_huggingface_command_types_it():
     aux = parse_aux(split_pairs(HF_AUX))
     assert aux.batching == {"preferred_batch_sizes": [1, 2, 4, 8, 16, 32, 64], "max_queue_delay_us": 5000000,
                             "max_batch_size": 64}

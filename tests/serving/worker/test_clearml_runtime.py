@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from transformers import AutoTokenizer
 
+from tests.serving.clearml import digits
 from tests.serving.clearml.models import EXAMPLES, sklearn_logistic
 from tests.serving.worker.support import endpoint_spec
 
@@ -181,7 +182,7 @@ class Preprocess:
     spec = {"name": "echo", "engine": "custom", "targets": [], "metrics": [], "log_freq": 1.0, "batching": {},
             "preprocess": {"kind": "user", "artifact": sha}}
     client, _ = make_client(spec, clf_spec, max_body_bytes=10_000)
-    jpeg = (EXAMPLES / "pytorch" / "5.jpg").read_bytes()
+    jpeg = digits.encoded(5)
     assert client.post("/serve/echo", content=jpeg, headers={"Content-Type": "image/jpeg"}).json() == \
         {"type": "bytes", "size": len(jpeg)}
     assert client.post("/serve/echo", json={"a": 1}).json() == {"type": "dict", "size": 1}

@@ -1,19 +1,20 @@
-from typing import Any
+"""Fixture for the ``sklearn`` engine with ``load``: a voting ensemble of regressors.
 
+``load`` opens the pickle itself and returns the estimator, which the worker then uses in place of
+the file. Request: one point ``{"x0": .., "x1": ..}`` or several ``{"points": [[x0, x1], ...]}``;
+answer ``{"y": [one value per point]}``.
+"""
+import joblib
 import numpy as np
 
 
-# Notice Preprocess class Must be named "Preprocess"
-class Preprocess(object):
-    def __init__(self):
-        # set internal state, this will be called only once. (i.e. not per request)
-        pass
+class Preprocess:
+    def load(self, local_file_name):
+        return joblib.load(local_file_name)
 
-    def preprocess(self, body: dict, state: dict, collect_custom_statistics_fn=None) -> Any:
-        # we expect to get two valid on the dict x0, and x1
-        return [[body.get("x0", None), body.get("x1", None)], ]
+    def preprocess(self, body, state, collect_custom_statistics_fn=None):
+        points = body["points"] if "points" in body else [[body["x0"], body["x1"]]]
+        return np.asarray(points, dtype=np.float64).reshape(-1, 2)
 
-    def postprocess(self, data: Any, state: dict, collect_custom_statistics_fn=None) -> dict:
-        # post process the data returned from the model inference engine
-        # data is the return value from model.predict we will put is inside a return value as Y
-        return dict(y=data.tolist() if isinstance(data, np.ndarray) else data)
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        return {"y": [float(v) for v in np.ravel(data)]}

@@ -1,29 +1,23 @@
-"""Hugginface preprocessing module for ClearML Serving."""
-from typing import Any
-from transformers import AutoTokenizer, PreTrainedTokenizer, TensorType
+"""Fixture for the ``triton`` engine with a tokenizer fetched by name from the Hugging Face hub (here:
+its local cache, which the test fills) when the instance is made.
+
+``preprocess`` returns a list of three arrays in the order of the ``--input-name`` flags, which is
+not the order of the model's own inputs: the worker binds them by the declared names.
+"""
+import numpy as np
+from transformers import AutoTokenizer
+
+TOKENIZER = "serving-tests/tiny-bert-tokenizer"
+DECLARED = ("input_ids", "token_type_ids", "attention_mask")
 
 
-# Notice Preprocess class Must be named "Preprocess"
 class Preprocess:
-    """Processing class will be run by the ClearML inference services before and after each request."""
-
     def __init__(self):
-        """Set internal state, this will be called only once. (i.e. not per request)."""
-        self.tokenizer: PreTrainedTokenizer = AutoTokenizer.from_pretrained("philschmid/MiniLM-L6-H384-uncased-sst2")
+        self.tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
 
-    def preprocess(self, body: dict, state: dict, collect_custom_statistics_fn=None) -> Any:
-        """Will be run when a request comes into the ClearML inference service."""
-        tokens = self.tokenizer(
-            text=body['text'],
-            max_length=16,
-            truncation=True,
-            return_tensors=TensorType.NUMPY,
-        )
+    def preprocess(self, body, state, collect_custom_statistics_fn=None):
+        encoding = self.tokenizer(text=body["text"], max_length=16, truncation=True, return_tensors="np")
+        return [encoding[name].tolist() for name in DECLARED]
 
-        return [tokens["input_ids"].tolist(), tokens["token_type_ids"].tolist(), tokens["attention_mask"].tolist()]
-
-    def postprocess(self, data: Any, state: dict, collect_custom_statistics_fn=None) -> dict:
-        """Will be run whan a request comes back from the Triton Engine."""
-        # post process the data returned from the model inference engine
-        # data is the return value from model.predict we will put is inside a return value as Y
-        return {'data': data.tolist()}
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        return {"data": np.asarray(data).tolist()}

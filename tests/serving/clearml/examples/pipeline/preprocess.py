@@ -1,37 +1,31 @@
+"""Fixture for a ``custom`` pipeline: asks two other endpoints with ``send_request``, averages them.
+
+The worker replaces ``send_request`` with its own before the first request; it returns the other
+endpoint's JSON answer, or None when that call failed. The two calls run side by side on a thread
+pool, and name their endpoints in both forms ClearML accepts: ``/name/`` with no version, and a
+bare name with a version.
+"""
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, List
+
+TARGETS = (("/test_model_sklearn_a/", None), ("test_model_sklearn_b", "1"))
 
 
-# Notice Preprocess class Must be named "Preprocess"
-class Preprocess(object):
+class Preprocess:
     def __init__(self):
-        # set internal state, this will be called only once. (i.e. not per request)
-        self.executor = ThreadPoolExecutor(max_workers=32)
+        self.pool = ThreadPoolExecutor(max_workers=len(TARGETS))
 
-    def postprocess(self, data: List[dict], state: dict, collect_custom_statistics_fn=None) -> dict:
-        # we will here average the results and return the new value
-        # assume data is a list of dicts greater than 1
+    def process(self, data, state, collect_custom_statistics_fn=None):
+        calls = [self.pool.submit(self.send_request, endpoint=name, version=version, data=data)
+                 for name, version in TARGETS]
+        answers = [call.result() for call in calls]
+        failed = [name for (name, _), answer in zip(TARGETS, answers) if not answer]
+        if failed:
+            raise RuntimeError(f"no answer from {', '.join(failed)}")
+        return answers
 
-        # average result
-        return dict(y=0.5 * data[0]['y'][0] + 0.5 * data[1]['y'][0])
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        values = [answer["y"][0] for answer in data]
+        return {"y": sum(values) / len(values)}
 
-    def process(self, data: Any, state: dict, collect_custom_statistics_fn=None) -> Any:
-        """
-        do something with the actual data, return any type of object.
-        The returned object will be passed as is to the postprocess function engine
-        """
-        predict_a = self.executor.submit(self.send_request, endpoint="/test_model_sklearn_a/", version=None, data=data)
-        predict_b = self.executor.submit(self.send_request, endpoint="/test_model_sklearn_b/", version=None, data=data)
-
-        predict_a = predict_a.result()
-        predict_b = predict_b.result()
-
-        if not predict_b or not predict_a:
-            raise ValueError("Error requesting inference endpoint test_model_sklearn a/b")
-
-        return [predict_a, predict_b]
-
-    def send_request(self, endpoint, version, data) -> List[dict]:
-        # Mock Function!
-        # replaced by real send request function when constructed by the inference service
-        pass
+    def send_request(self, endpoint, version=None, data=None):
+        return None  # stand-in; the serving runtime sets the real one

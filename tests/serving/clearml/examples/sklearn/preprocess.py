@@ -1,19 +1,20 @@
-from typing import Any
+"""Fixture for the ``sklearn`` engine: two named numbers in, the classifier's labels out.
 
+Request: ``{"x0": 1, "x1": 2}``. The worker calls ``model.predict`` on what ``preprocess`` returns
+(one row); both inputs go to the statistics collector, where ``metrics add --variable-scalar``
+histograms them.
+"""
 import numpy as np
 
+COLUMNS = ("x0", "x1")
 
-# Notice Preprocess class Must be named "Preprocess"
-class Preprocess(object):
-    def __init__(self):
-        # set internal state, this will be called only once. (i.e. not per request)
-        pass
 
-    def preprocess(self, body: dict, state: dict, collect_custom_statistics_fn=None) -> Any:
-        # we expect to get two valid on the dict x0, and x1
-        return [[body.get("x0", None), body.get("x1", None)], ]
+class Preprocess:
+    def preprocess(self, body, state, collect_custom_statistics_fn=None):
+        row = [body.get(column) for column in COLUMNS]
+        if collect_custom_statistics_fn:
+            collect_custom_statistics_fn(dict(zip(COLUMNS, row)))
+        return [row]
 
-    def postprocess(self, data: Any, state: dict, collect_custom_statistics_fn=None) -> dict:
-        # post process the data returned from the model inference engine
-        # data is the return value from model.predict we will put is inside a return value as Y
-        return dict(y=data.tolist() if isinstance(data, np.ndarray) else data)
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        return {"y": np.asarray(data).tolist()}

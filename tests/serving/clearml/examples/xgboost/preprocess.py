@@ -1,21 +1,19 @@
-from typing import Any
+"""Fixture for the ``xgboost`` engine: the request becomes an ``xgboost.DMatrix`` here.
 
+Request: the four measurements ``{"x0": .., "x1": .., "x2": .., "x3": ..}`` of one flower. The row
+count travels to ``postprocess`` in the per-request ``state`` dict.
+"""
 import numpy as np
-import xgboost as xgb
+import xgboost
+
+MEASUREMENTS = ("x0", "x1", "x2", "x3")
 
 
-# Notice Preprocess class Must be named "Preprocess"
-class Preprocess(object):
-    def __init__(self):
-        # set internal state, this will be called only once. (i.e. not per request)
-        pass
+class Preprocess:
+    def preprocess(self, body, state, collect_custom_statistics_fn=None):
+        matrix = np.array([[float(body[m]) for m in MEASUREMENTS]], dtype=np.float32)
+        state["rows"] = matrix.shape[0]
+        return xgboost.DMatrix(matrix)
 
-    def preprocess(self, body: dict, state: dict, collect_custom_statistics_fn=None) -> Any:
-        # we expect to get four valid numbers on the dict: x0, x1, x2, x3
-        return xgb.DMatrix(
-            [[body.get("x0", None), body.get("x1", None), body.get("x2", None), body.get("x3", None)]])
-
-    def postprocess(self, data: Any, state: dict, collect_custom_statistics_fn=None) -> dict:
-        # post process the data returned from the model inference engine
-        # data is the return value from model.predict we will put is inside a return value as Y
-        return dict(y=data.tolist() if isinstance(data, np.ndarray) else data)
+    def postprocess(self, data, state, collect_custom_statistics_fn=None):
+        return {"y": np.asarray(data).tolist(), "rows": state["rows"]}
