@@ -182,10 +182,18 @@ class ModelLoader:
         return time.monotonic() - t0
 
     def forget(self, name: str) -> None:
-        """The registry no longer deploys ``name`` (the binder unloads it from Triton)."""
-        with self.state:
-            self.budget.forget(name)
-            self.samples.pop(name, None)
+        """The registry no longer deploys ``name``: unloaded here first, completely, as for an
+        eviction (the binder's own unload after it then finds nothing to do), so that its room
+        is not counted free while Triton still holds it."""
+        with self.load_lock:
+            with self.state:
+                m = self.budget.models.get(name)
+                held = m is not None and m.in_memory()
+            if held:
+                self._unload(name, "no longer deployed")
+            with self.state:
+                self.budget.forget(name)
+                self.samples.pop(name, None)
         self.known_good.pop(name, None)
 
     def instances(self, name: str) -> int:
@@ -261,7 +269,7 @@ class ModelLoader:
                  measured / 2**20, time.monotonic() - t0, previous, self.budget.used() / 2**20,
                  self.budget.limit / 2**20)
 
-    def _unload(self, name: str) -> None:
+    def _unload(self, name: str, why: str = "for the memory budget") -> None:
         """Unload and wait until the unload is complete, so the memory is really free again.
 
         Triton's unload returns at once and completes in the background: the model's stubs exit
@@ -283,7 +291,7 @@ class ModelLoader:
             m = self.budget.model(name)
             m.state, m.bytes, m.instances = COLD, 0, 0
         self.samples.pop(name, None)
-        log.info("unloaded %s for the memory budget", name)
+        log.info("unloaded %s %s", name, why)
 
     def _unloaded(self, name: str) -> bool:
         """No stub of ``name`` runs and Triton's index no longer holds it (an unreadable index

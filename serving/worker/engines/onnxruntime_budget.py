@@ -102,13 +102,10 @@ class BudgetedSessions(Sessions):
                 self.budget.failed(artifact, brief(exc))
             raise
         with self._lock:
-            self.budget.opened(artifact, measured, now=0.0)  # opened for no request: first to go
-            keep = not self.budget.over()
+            keep = self.budget.admitted(artifact, measured)
             if keep:
                 self._sessions[artifact] = session
                 self._unmeasured.add(artifact)
-            else:
-                self.budget.closed(artifact)
             cost = self.budget.cost(artifact)
         del session
         if not keep:

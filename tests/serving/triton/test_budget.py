@@ -156,6 +156,8 @@ class ControlledTriton:
                         self.states[name] = "UNAVAILABLE"
                 return [{"name": n, "state": s} for n, s in self.states.items()]
             if method == "unload_model":  # the stubs exit first; the unload completes later
+                if self.states.get(args[0]) != "READY":
+                    return None  # Triton: unloading a model that is not loaded has no effect
                 self.stubs.pop(args[0], None)
                 self.states[args[0]] = "UNLOADING"
                 self.finishing[args[0]] = self.unload_reads
@@ -219,6 +221,17 @@ def test_a_loaded_model_whose_stubs_a_reading_missed_keeps_its_charge(controlled
     loader.ensure("c")
     assert not triton.over, f"loads begun while Triton held two others: {triton.over}"
     assert triton.states["a"] == "UNAVAILABLE" and triton.states["b"] == "READY"
+
+
+def test_an_undeployed_model_frees_its_room_only_once_triton_unloaded_it(controlled):
+    loader, triton = controlled
+    loader.ensure("a")
+    loader.ensure("b")
+    loader.forget("a")  # the binder: the registry no longer deploys a ...
+    triton.call(60.0, "unload_model", "a")  # ... then it unloads a from Triton itself
+    loader.ensure("c")
+    assert not triton.over, f"loads begun while Triton held two others: {triton.over}"
+    assert "a" not in loader.status()["models"]
 
 
 def test_two_loads_at_the_budget_edge_cannot_both_take_the_last_room(controlled):

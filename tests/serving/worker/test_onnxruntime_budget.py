@@ -296,6 +296,15 @@ def test_policy_costs_start_at_the_file_size_and_follow_measures():
     assert budget.held() == (0, 0) and budget.cost("a") == 50
 
 
+def test_policy_admission_keeps_open_what_fits_and_the_rest_goes_cold():
+    budget = SessionBudget(100)
+    for name in "abc":
+        budget.admit(name, 40)
+    assert budget.admitted("a", 40) and budget.admitted("b", 45)
+    assert not budget.admitted("c", 40)  # 125 of 100: closed again, loadable on its first request
+    assert budget.held() == (2, 85) and budget.loadable("c") and budget.models["c"].state == "cold"
+
+
 def test_policy_one_odd_measure_does_not_stick_and_none_is_below_the_file():
     budget = SessionBudget(100)
     budget.admit("b", 30)
