@@ -1,8 +1,11 @@
-"""The onnxruntime sessions the in-worker engine holds under a memory budget (``SERVING_WORKER_MEMORY_BUDGET_MB``).
+"""The onnxruntime sessions the in-worker engine holds under a memory budget
+(``SERVING_WORKER_MEMORY_BUDGET_MB``).
 
 Without a budget every session opens when a config is applied
-(serving/worker/engines/onnxruntime_sessions.py). With one, many models fit one worker: a session opens on the first request for its model, and when it would not fit, the least
-recently used idle sessions are closed first (serving/worker/engines/session_budget.py decides).
+(serving/worker/engines/onnxruntime_sessions.py). With one, many models fit one worker: a session
+opens on the first request for its model, and when it would not fit, the least recently used idle
+sessions are closed first (serving/worker/engines/session_budget.py decides). The engine
+(serving/worker/engines/onnxruntime.py) runs inferences on what this holder gives it.
 
 * Admission (``prepare``, the readiness gate): the model is opened once, which checks that
   onnxruntime can load it (a corrupt version fails the gate and the old routes keep answering, as
