@@ -1,6 +1,7 @@
-"""No import circle among the project's modules (issue 21): a module that needs another's caller
-should be handed what it needs instead. Module-level imports count, TYPE_CHECKING ones included;
-imports inside functions (deferred on purpose) do not."""
+"""No import circle among the project's modules (issues 21, 26): a module that needs another's
+caller should be handed what it needs instead. Every import counts: module-level ones,
+TYPE_CHECKING ones, and imports inside functions. An import deferred into a function still ties
+the two modules together; deferring it only hides the circle from the interpreter."""
 from __future__ import annotations
 
 import ast
@@ -11,32 +12,32 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("serving", "registry", "preprocess")
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    for package in packages:
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
             found[name] = path
     return found
 
 
-def module_level_imports(tree: ast.Module) -> list[str]:
+def imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
+    """Every name ``module`` imports, wherever the import statement stands (relative ones resolved)."""
     names: list[str] = []
-    pending = list(tree.body)
-    while pending:
-        node = pending.pop()
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names += [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-        elif isinstance(node, (ast.If, ast.Try)):
-            pending += node.body + node.orelse + [n for h in getattr(node, "handlers", []) for n in h.body]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*here[:len(here) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else node.module or ""
+            names += [f"{base}.{alias.name}" for alias in node.names] + [base]
     return names
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     """Each module and the project modules it imports."""
-    mods = modules()
+    mods = modules(root, packages)
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
@@ -45,8 +46,8 @@ def import_graph() -> dict[str, set[str]]:
 
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
-        targets = {resolve(imported) for imported in module_level_imports(ast.parse(path.read_text()))}
-        graph[name] = {t for t in targets if t and t != name}
+        found = imports(ast.parse(path.read_text()), name, path.name == "__init__.py")
+        graph[name] = {t for t in map(resolve, found) if t and t != name}
     return graph
 
 
@@ -59,11 +60,28 @@ def circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_circle():
-    assert circle(import_graph()) is None, f"import circle: {circle(import_graph())}"
+    found = circle(import_graph())
+    assert found is None, f"import circle: {' -> '.join(found)}"
 
 
-def test_the_check_sees_a_circle():
+def test_the_check_sees_a_circle_added_to_the_tree():
     graph = import_graph()
     assert "serving.worker.shadow" in graph["serving.worker.dataplane"]
     graph["serving.worker.shadow"].add("serving.worker.dataplane")
     assert circle(graph)
+
+
+def test_the_check_sees_a_circle_hidden_in_a_function(tmp_path):
+    """A planted pair: ``a`` imports ``b`` at the top, ``b`` imports ``a`` inside a function
+    (relatively, as the old onnxruntime factory did with its budgeted twin)."""
+    package = tmp_path / "planted"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from planted.b import helper\n\n\nclass Engine:\n    pass\n")
+    (package / "b.py").write_text("def helper():\n    from .a import Engine\n\n    return Engine\n")
+    (package / "c.py").write_text("import planted.a\n")
+    graph = import_graph(tmp_path, ("planted",))
+    assert graph["planted.b"] == {"planted.a"} and graph["planted.c"] == {"planted.a"}
+    assert set(circle(graph)) == {"planted.a", "planted.b"}
+    (package / "b.py").write_text("def helper():\n    return None\n")
+    assert circle(import_graph(tmp_path, ("planted",))) is None

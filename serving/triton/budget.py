@@ -87,12 +87,20 @@ class MemoryBudget:
         m.per_instance = max(m.per_instance, int(measured * self.growth) // max(1, m.instances))
         self.record(name, measured)
 
+    def reserve(self, name: str, instances: int) -> None:
+        """Room made for a load of ``name``: it is charged its estimate from now on (LOADING), so
+        that no other check can count that room as free while it loads."""
+        m = self.model(name)
+        m.state, m.instances = LOADING, instances
+        m.bytes = max(m.bytes, self.estimate(name, instances))
+
     def record(self, name: str, measured: int) -> None:
-        """The model's stubs hold ``measured`` bytes now (0: none running). It stays charged at
-        least its largest measure per instance."""
+        """The model's stubs hold ``measured`` bytes now. It stays charged at least its largest
+        measure per instance; 0 (no stub seen) frees its charge only when it is not held: a
+        loaded model whose stubs a reading missed still holds its memory."""
         m = self.model(name)
         if not measured:
-            m.bytes = 0
+            m.bytes = self.estimate(name, m.instances) if m.in_memory() else 0
             return
         if m.at_load:
             self.growth = min(MAX_GROWTH, max(self.growth, measured / m.at_load))

@@ -36,6 +36,8 @@ GROW_BUSY = 0.6        # share of a window its instances spent computing, past w
 GROW_QUEUE = 0.25      # or requests waiting for an instance this share of the window
 HEADROOM_IDLE_S = 30.0  # a model idle this long may be unloaded ahead of need, keeping room for one more
 UNLOAD_WAIT_S = 20.0   # how long an unload may take before its memory is counted as freed anyway
+UNLOAD_POLL_S = 0.02   # how often an unload under way is looked at (its stubs, Triton's index)
+HOLDING = frozenset({"READY", "LOADING", "UNLOADING"})  # index states of a model Triton still holds
 
 
 class NotLoadable(LookupError):
@@ -180,10 +182,18 @@ class ModelLoader:
         return time.monotonic() - t0
 
     def forget(self, name: str) -> None:
-        """The registry no longer deploys ``name`` (the binder unloads it from Triton)."""
-        with self.state:
-            self.budget.forget(name)
-            self.samples.pop(name, None)
+        """The registry no longer deploys ``name``: unloaded here first, completely, as for an
+        eviction (the binder's own unload after it then finds nothing to do), so that its room
+        is not counted free while Triton still holds it."""
+        with self.load_lock:
+            with self.state:
+                m = self.budget.models.get(name)
+                held = m is not None and m.in_memory()
+            if held:
+                self._unload(name, "no longer deployed")
+            with self.state:
+                self.budget.forget(name)
+                self.samples.pop(name, None)
         self.known_good.pop(name, None)
 
     def instances(self, name: str) -> int:
@@ -209,8 +219,10 @@ class ModelLoader:
                         m.last_used, m.protected_until = time.time(), time.time() + PROTECT_S
                     return
                 victims = self.budget.victims(self.budget.estimate(name, 1), time.time(), keep={name})
-            if victims is not None:
-                break
+                if victims is not None:  # check and reserve at once: no later check can give the room away
+                    was = m.state
+                    self.budget.reserve(name, 1)
+                    break
             if time.monotonic() >= deadline:
                 raise BudgetBusy(f"memory budget of {self.budget.limit >> 20} MB is held by busy models; "
                                  f"{name} cannot load now")
@@ -219,16 +231,23 @@ class ModelLoader:
                 time.sleep(0.25)
             finally:
                 self.load_lock.acquire()
-        for victim in victims:
-            self._unload(victim)
-        self._load(name, 1, protect)
+        try:
+            for victim in victims:
+                self._unload(victim)
+        except BaseException:
+            with self.state:
+                m.state, m.bytes, m.instances = was, 0, 0
+            raise
+        self._load(name, 1, protect, was=was)
         self._fit(keep={name})
 
-    def _load(self, name: str, instances: int, protect: bool) -> None:
+    def _load(self, name: str, instances: int, protect: bool, was: str | None = None) -> None:
+        """Load (reserving its room first unless the caller did, as ``was`` says)."""
         with self.state:
             m = self.budget.model(name)
-            previous = m.state
-            m.state, m.instances = LOADING, instances
+            previous = was or m.state
+            if was is None:
+                self.budget.reserve(name, instances)
         t0 = time.monotonic()
         try:
             self.write(name, instances)
@@ -250,20 +269,39 @@ class ModelLoader:
                  measured / 2**20, time.monotonic() - t0, previous, self.budget.used() / 2**20,
                  self.budget.limit / 2**20)
 
-    def _unload(self, name: str) -> None:
-        """Unload and wait until its stubs have exited, so the memory is really free again."""
+    def _unload(self, name: str, why: str = "for the memory budget") -> None:
+        """Unload and wait until the unload is complete, so the memory is really free again.
+
+        Triton's unload returns at once and completes in the background: the model's stubs exit
+        first, and only once the backend has finalized the model (its shared-memory regions
+        released) does the index show it UNAVAILABLE. Until then Triton still holds it
+        (UNLOADING): a load begun on the stubs' exit alone held one model more than the budget
+        for a moment (the flaky walk of issue 26)."""
         try:
             self._call(60.0, "unload_model", name)
         except Exception as exc:
             log.warning("unloading %s failed: %s", name, exc)
         deadline = time.monotonic() + UNLOAD_WAIT_S
-        while time.monotonic() < deadline and name in stub_memory(self.server_pid):
-            time.sleep(0.05)
+        while not self._unloaded(name):
+            if time.monotonic() >= deadline:
+                log.warning("unloading %s takes over %.0fs; counting its memory as freed", name, UNLOAD_WAIT_S)
+                break
+            time.sleep(UNLOAD_POLL_S)
         with self.state:
             m = self.budget.model(name)
             m.state, m.bytes, m.instances = COLD, 0, 0
         self.samples.pop(name, None)
-        log.info("unloaded %s for the memory budget", name)
+        log.info("unloaded %s %s", name, why)
+
+    def _unloaded(self, name: str) -> bool:
+        """No stub of ``name`` runs and Triton's index no longer holds it (an unreadable index
+        counts as holding it, until the deadline)."""
+        if name in stub_memory(self.server_pid):
+            return False
+        try:
+            return self._index().get(name) not in HOLDING
+        except Exception:
+            return False
 
     def _fit(self, keep: set[str]) -> None:
         """Measured past the budget (a model grew as onnxruntime allocated): unload idle ones."""

@@ -1,8 +1,11 @@
-"""The in-worker onnxruntime engine under a memory budget (``SERVING_WORKER_MEMORY_BUDGET_MB``).
+"""The onnxruntime sessions the in-worker engine holds under a memory budget
+(``SERVING_WORKER_MEMORY_BUDGET_MB``).
 
-Without a budget every session opens when a config is applied. With one, many models fit one
-worker: a session opens on the first request for its model, and when it would not fit, the least
-recently used idle sessions are closed first (serving/worker/engines/session_budget.py decides).
+Without a budget every session opens when a config is applied
+(serving/worker/engines/onnxruntime_sessions.py). With one, many models fit one worker: a session
+opens on the first request for its model, and when it would not fit, the least recently used idle
+sessions are closed first (serving/worker/engines/session_budget.py decides). The engine
+(serving/worker/engines/onnxruntime.py) runs inferences on what this holder gives it.
 
 * Admission (``prepare``, the readiness gate): the model is opened once, which checks that
   onnxruntime can load it (a corrupt version fails the gate and the old routes keep answering, as
@@ -29,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from serving.worker.engines.onnxruntime import OnnxRuntimeEngine
+from serving.worker.engines.onnxruntime_sessions import Sessions
 from serving.worker.engines.session_budget import MB, SessionBudget, release_freed, resident_bytes
 from serving.worker.errors import ModelNotReady, Unavailable, brief
 from serving.worker.runtime import Target
@@ -58,12 +61,12 @@ def warm_up_onnxruntime() -> None:
     ort.InferenceSession(model.SerializeToString(), providers=providers())
 
 
-class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
+class BudgetedSessions(Sessions):
     """Sessions opened on demand and closed least recently used first, within ``budget_bytes``."""
 
     def __init__(self, artifact_path: Callable[[str], Path], budget_bytes: int, threads: int = 1,
-                 parallel: int = 1, wait_s: float = 30.0) -> None:
-        super().__init__(artifact_path, threads, parallel)
+                 wait_s: float = 30.0) -> None:
+        super().__init__(artifact_path, threads)
         self.budget = SessionBudget(budget_bytes)
         self.wait_s = wait_s
         self._room = threading.Condition(self._lock)  # notified whenever an inference ends
@@ -102,13 +105,10 @@ class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
                 self.budget.failed(artifact, brief(exc))
             raise
         with self._lock:
-            self.budget.opened(artifact, measured, now=0.0)  # opened for no request: first to go
-            keep = not self.budget.over()
+            keep = self.budget.admitted(artifact, measured)
             if keep:
                 self._sessions[artifact] = session
                 self._unmeasured.add(artifact)
-            else:
-                self.budget.closed(artifact)
             cost = self.budget.cost(artifact)
         del session
         if not keep:
@@ -122,10 +122,10 @@ class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
             return target.artifact in self._sessions or self.budget.loadable(target.artifact)
 
     # --- requests -----------------------------------------------------------------------------
-    async def _acquire(self, target: Target) -> Any:
-        """The open session, opened first when cold; counted busy until ``_release``."""
+    async def acquire(self, target: Target) -> Any:
+        """The open session, opened first when cold; counted busy until ``release``."""
         for _ in range(LOAD_ATTEMPTS):
-            session = self._take(target.artifact)
+            session = self.take(target.artifact)
             if session is not None:
                 return session
             # shielded: one waiter cancelled (its client gone) must not cancel the others' load
@@ -133,7 +133,8 @@ class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
         raise Unavailable(f"model {_label(target)} was closed again before it could run: the worker's memory "
                           f"budget ({self.budget.limit / MB:.0f} MB) is too small for the models in use")
 
-    def _take(self, artifact: str) -> Any:
+    def take(self, artifact: str) -> Any:
+        """The open session of ``artifact``, counted busy until ``release``; None when it is cold."""
         with self._lock:
             session = self._find(artifact)
             if session is not None:
@@ -141,12 +142,12 @@ class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
                 self._activity += 1
             return session
 
-    def _release(self, artifact: str) -> None:
+    def release(self, artifact: str) -> None:
         with self._room:
             self.budget.end(artifact, time.time())
             self._room.notify_all()
 
-    def _run(self, artifact: str, session: Any, names: list[str], feeds: dict[str, np.ndarray]) -> Any:
+    def run(self, artifact: str, session: Any, names: list[str], feeds: dict[str, np.ndarray]) -> Any:
         """Run; a session's first run alone in the process is measured (onnxruntime allocates as
         it runs). Runs beside other inferences or a load are not, and a measure that another one
         began during is dropped: their allocations would read as this session's. Its next run
@@ -288,6 +289,5 @@ class BudgetedOnnxRuntimeEngine(OnnxRuntimeEngine):
             count, used = self.budget.held()
             return {"budget_bytes": self.budget.limit, "sessions": count, "bytes": used}
 
-    async def close(self) -> None:
+    def close(self) -> None:
         self._loader.shutdown(wait=False, cancel_futures=True)
-        await super().close()

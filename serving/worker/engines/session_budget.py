@@ -19,8 +19,9 @@ keyed here by artifact instead of Triton model name. What differs in-process:
   never less than its file: one odd reading does not halve what the budget holds for as long as
   the model stays deployed.
 
-No onnxruntime and no threads here: serving/worker/engines/onnxruntime_budget.py feeds it and
-holds the lock around it.
+No onnxruntime and no threads here: serving/worker/engines/onnxruntime_budget.py (the sessions the
+worker's onnxruntime engine holds under the budget) feeds it and holds the lock around it; every
+choice of which sessions stay open is made here.
 """
 from __future__ import annotations
 
@@ -124,6 +125,16 @@ class SessionBudget(MemoryBudget):
         self.measures.setdefault(artifact, deque(maxlen=RECENT)).append(max(int(measured), self.files.get(artifact, 0)))
         self._charge(m)
         m.last_used = max(m.last_used, now)
+
+    def admitted(self, artifact: str, measured: int) -> bool:
+        """Opened at deploy to check it, its RSS growth ``measured``: whether it stays open. It
+        stays while it fits beside the open ones (counted as opened for no request, so first to
+        go); else it is closed again and stays cold, loadable on its first request."""
+        self.opened(artifact, measured, now=0.0)
+        if not self.over():
+            return True
+        self.closed(artifact)
+        return False
 
     def _charge(self, m: ModelUse) -> None:
         recent = sorted(self.measures[m.name])

@@ -23,7 +23,8 @@ from onnx import TensorProto, helper, numpy_helper
 from serving.settings import WorkerSettings
 from serving.worker.engines import onnxruntime as ort_engine
 from serving.worker.engines import onnxruntime_budget
-from serving.worker.engines.onnxruntime_budget import BudgetedOnnxRuntimeEngine
+from serving.worker.engines.onnxruntime_budget import BudgetedSessions
+from serving.worker.engines.onnxruntime_sessions import Sessions
 from serving.worker.engines.session_budget import IDLE_S, MB, SessionBudget
 from serving.worker.errors import ServingError, Unavailable
 from serving.worker.runtime import Target
@@ -83,7 +84,7 @@ class Watched:
         self.most = 0
         self.watching = False
         self._lock = threading.Lock()
-        load = engine._load
+        load = engine.sessions._load
 
         def counted(artifact: str):
             session = load(artifact)
@@ -95,7 +96,7 @@ class Watched:
             weakref.finalize(session, self._freed)
             return session
 
-        engine._load = counted
+        engine.sessions._load = counted
 
     def _freed(self) -> None:
         with self._lock:
@@ -107,8 +108,8 @@ class Watched:
 
 
 def engine_with(models: Models, budget: int = BUDGET, wait_s: float = 10.0,
-                parallel: int = 2) -> tuple[BudgetedOnnxRuntimeEngine, Watched]:
-    engine = BudgetedOnnxRuntimeEngine(models.path, budget, threads=1, parallel=parallel, wait_s=wait_s)
+                parallel: int = 2) -> tuple[ort_engine.OnnxRuntimeEngine, Watched]:
+    engine = ort_engine.OnnxRuntimeEngine(BudgetedSessions(models.path, budget, threads=1, wait_s=wait_s), parallel)
     return engine, Watched(engine)
 
 
@@ -161,7 +162,7 @@ def test_a_walk_and_concurrent_clients_over_six_models_get_only_right_answers_wi
     assert watched.most <= 2, f"{watched.most} sessions alive at once"
     assert max(held) <= 2
     assert watched.opened > MODELS  # models were closed and opened again: the budget did work
-    costs = [m.per_instance for m in engine.budget.models.values()]
+    costs = [m.per_instance for m in engine.sessions.budget.models.values()]
     assert all(8 * MB <= c < 24 * MB for c in costs), [c / MB for c in costs]  # measured: about 8.05 MB
 
 
@@ -177,20 +178,21 @@ def test_the_least_recently_used_idle_session_is_the_one_closed(models, caplog, 
 
     for i in range(3):
         engine.prepare(target(f"m{i}"))
-    assert set(engine._sessions) == {"m0", "m1"}  # what fitted at admission stays open
+    assert set(engine.sessions._sessions) == {"m0", "m1"}  # what fitted at admission stays open
     with caplog.at_level(logging.INFO, logger="serving.worker.engines.onnxruntime_budget"):
         asyncio.run(run())
     asyncio.run(engine.close())
     closes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("closed ")]
     assert closes == ["closed m1:1 (8.0 MB) to make room for m2:1"]
-    assert set(engine._sessions) == {"m0", "m2"}
+    assert set(engine.sessions._sessions) == {"m0", "m2"}
     assert any("loaded m2:1 on demand" in r.getMessage() for r in caplog.records)
 
 
 def test_a_corrupt_or_missing_artifact_still_fails_readiness_under_a_budget(models, tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"not an onnx model" * 1000)
     good = models.path("m0")
-    engine = BudgetedOnnxRuntimeEngine(lambda a: tmp_path / f"{a}.onnx" if a != "m0" else good, BUDGET)
+    engine = ort_engine.OnnxRuntimeEngine(BudgetedSessions(lambda a: tmp_path / f"{a}.onnx" if a != "m0" else good,
+                                                           BUDGET))
     for name in ("bad", "missing"):
         with pytest.raises(Exception):
             engine.prepare(target(name))
@@ -206,14 +208,14 @@ def test_a_corrupt_or_missing_artifact_still_fails_readiness_under_a_budget(mode
 
 def test_without_a_budget_every_session_opens_at_prepare(models, tmp_path):
     plain = ort_engine.create(WorkerSettings(home=tmp_path, ort_parallel=2), models.path)
-    assert type(plain) is ort_engine.OnnxRuntimeEngine
+    assert type(plain.sessions) is Sessions
     budgeted = ort_engine.create(WorkerSettings(home=tmp_path, worker_memory_budget_mb=20), models.path)
-    assert isinstance(budgeted, BudgetedOnnxRuntimeEngine) and budgeted.budget.limit == BUDGET
+    assert isinstance(budgeted.sessions, BudgetedSessions) and budgeted.sessions.budget.limit == BUDGET
     asyncio.run(budgeted.close())
     watched = Watched(plain)
     for i in range(MODELS):
         plain.prepare(target(f"m{i}"))
-    assert watched.opened == MODELS and set(plain._sessions) == {f"m{i}" for i in range(MODELS)}
+    assert watched.opened == MODELS and set(plain.sessions._sessions) == {f"m{i}" for i in range(MODELS)}
 
     async def run() -> None:
         await asyncio.gather(*(ask(plain, models, f"m{i}", i % INPUTS_PER_MODEL) for i in range(MODELS)))
@@ -227,7 +229,7 @@ def test_concurrent_first_requests_for_a_cold_model_load_it_once(models, exact_c
     engine, watched = engine_with(models)
     for i in range(3):
         engine.prepare(target(f"m{i}"))
-    assert "m2" not in engine._sessions and watched.opened == 3  # checked once at admission, then closed
+    assert "m2" not in engine.sessions._sessions and watched.opened == 3  # checked once at admission, then closed
 
     async def run() -> None:
         await asyncio.gather(*(ask(engine, models, "m2", k % INPUTS_PER_MODEL) for k in range(8)))
@@ -241,23 +243,23 @@ def test_busy_sessions_holding_the_budget_make_a_cold_request_wait_then_503(mode
     engine, _ = engine_with(models, budget=10 * MB, wait_s=0.3)  # room for one session
     engine.prepare(target("m0"))
     engine.prepare(target("m1"))
-    assert set(engine._sessions) == {"m0"}
-    assert engine._take("m0") is not None  # an inference under way on m0, until released
+    assert set(engine.sessions._sessions) == {"m0"}
+    assert engine.sessions.take("m0") is not None  # an inference under way on m0, until released
     t0 = time.monotonic()
     with pytest.raises(Unavailable) as refused:
         asyncio.run(engine.infer(target("m1"), {"x": models.inputs["m1"][0]}))
     assert time.monotonic() - t0 >= 0.3 and refused.value.headers["Retry-After"] == "1"
-    engine._release("m0")
-    engine.wait_s = 5.0
+    engine.sessions.release("m0")
+    engine.sessions.wait_s = 5.0
 
     async def waits_for_the_busy_one() -> None:  # busy only briefly: the cold request waits, then runs
-        engine._take("m0")
+        engine.sessions.take("m0")
         loop = asyncio.get_running_loop()
-        loop.call_later(0.1, engine._release, "m0")
+        loop.call_later(0.1, engine.sessions.release, "m0")
         await ask(engine, models, "m1", 0)
 
     asyncio.run(waits_for_the_busy_one())
-    assert set(engine._sessions) == {"m1"}
+    assert set(engine.sessions._sessions) == {"m1"}
     asyncio.run(engine.close())
 
 
@@ -265,7 +267,7 @@ def test_a_model_larger_than_the_budget_loads_alone_with_a_warning(models, caplo
     engine, watched = engine_with(models, budget=4 * MB)
     engine.prepare(target("m0"))
     engine.prepare(target("m1"))
-    assert not engine._sessions and engine.is_ready(target("m0"))  # neither fits: both cold
+    assert not engine.sessions._sessions and engine.is_ready(target("m0"))  # neither fits: both cold
 
     async def run() -> None:
         await ask(engine, models, "m0", 0)
@@ -276,7 +278,7 @@ def test_a_model_larger_than_the_budget_loads_alone_with_a_warning(models, caplo
     with caplog.at_level(logging.WARNING, logger="serving.worker.engines.onnxruntime_budget"):
         asyncio.run(run())
     asyncio.run(engine.close())
-    assert set(engine._sessions) == {"m1"} and watched.most == 1
+    assert set(engine.sessions._sessions) == {"m1"} and watched.most == 1
     assert any("more than the worker's whole memory budget" in r.getMessage() for r in caplog.records)
 
 
@@ -292,6 +294,15 @@ def test_policy_costs_start_at_the_file_size_and_follow_measures():
     assert budget.held() == (1, 50)  # what its first run added counts too
     budget.closed("a")
     assert budget.held() == (0, 0) and budget.cost("a") == 50
+
+
+def test_policy_admission_keeps_open_what_fits_and_the_rest_goes_cold():
+    budget = SessionBudget(100)
+    for name in "abc":
+        budget.admit(name, 40)
+    assert budget.admitted("a", 40) and budget.admitted("b", 45)
+    assert not budget.admitted("c", 40)  # 125 of 100: closed again, loadable on its first request
+    assert budget.held() == (2, 85) and budget.loadable("c") and budget.models["c"].state == "cold"
 
 
 def test_policy_one_odd_measure_does_not_stick_and_none_is_below_the_file():
@@ -360,7 +371,7 @@ def test_a_worker_with_a_budget_serves_cold_models_and_keeps_old_routes_for_a_co
     specs = [matmul_spec(f"e{i}", {1: shas[f"m{i}"]}) for i in range(3)]
     client, _ = make_client(*specs, worker_memory_budget_mb=10)  # one session at a time
     engine = client.app.state.dataplane.config.engines["onnxruntime"]
-    assert isinstance(engine, BudgetedOnnxRuntimeEngine)
+    assert isinstance(engine.sessions, BudgetedSessions)
     for rounds in range(2):
         for i in range(3):
             status, y, version = v2_answer(client, f"e{i}", models.inputs[f"m{i}"][rounds])
