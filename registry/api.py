@@ -175,8 +175,10 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
     @app.post("/models", status_code=201)
     def add_model(req: schemas.ModelCreate):
         model = registry.add_model(req)
-        registry.follow_new_version(model.name)
-        return model_out(model)
+        skipped = registry.follow_new_version(model.name)
+        not_followed = [{"endpoint": name, "reason": k["reason"]} for name, ks in skipped.items()
+                        for k in ks if k["version"] == model.version]  # auto-update endpoints that cannot run it
+        return {**model_out(model), **({"not_followed": not_followed} if not_followed else {})}
 
     @app.get("/models")
     def list_models(name: str | None = None):

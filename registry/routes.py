@@ -6,8 +6,8 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from registry import io_spec, schemas
-from registry.errors import Conflict, NotFound, Unprocessable
+from registry import formats, io_spec, schemas
+from registry.errors import BadRequest, Conflict, NotFound, Unprocessable
 from registry.orm import Endpoint, EndpointTarget, ModelVersion
 from serving.triton.shapes import batch_size
 
@@ -25,13 +25,29 @@ def declared_io(decl: schemas.IODeclaration, batching: dict, model: ModelVersion
     return io
 
 
-def route_newest(s: Session, ep: Endpoint) -> None:
-    """The newest ``max_versions`` versions; the newest takes all traffic unless weights were set."""
+def route_newest(s: Session, ep: Endpoint, external_triton: bool = False) -> list[dict]:
+    """The newest ``max_versions`` versions the endpoint's engine can run; the newest takes all traffic
+    unless weights were set. A newer version it cannot run (a TensorRT plan on the embedded Triton) is
+    skipped by the check ``model add`` applies (registry/formats.py), so the versions that answer keep
+    answering rather than a load failing on the workers; the skipped ones, with why, are kept in
+    ``auto_update["skipped"]`` (the endpoint's answer) and returned."""
     policy = ep.auto_update
-    versions = list(s.scalars(select(ModelVersion).where(ModelVersion.name == policy["model"])
-                              .order_by(ModelVersion.version.desc()).limit(policy["max_versions"])))[::-1]
+    versions, skipped = [], []
+    for m in s.scalars(select(ModelVersion).where(ModelVersion.name == policy["model"])
+                       .order_by(ModelVersion.version.desc())):
+        if len(versions) == policy["max_versions"]:
+            break
+        try:
+            formats.deployable_format(ep.engine, m.framework, f"{m.name}:{m.version}",
+                                      (ep.batching or {}).get("triton_config"), external_triton)
+            versions.insert(0, m)
+        except (BadRequest, Unprocessable) as exc:
+            skipped.append({"version": m.version, "reason": exc.message})
+    ep.auto_update = {**policy, "skipped": skipped}
     if not versions:
-        raise NotFound(f"model {policy['model']} has no versions")
+        if ep.targets and skipped:  # nothing newer it can run: the versions answering stay
+            return skipped
+        raise (Unprocessable(skipped[0]["reason"]) if skipped else NotFound(f"model {policy['model']} has no versions"))
     weights = [0.0] * len(versions)
     chosen = policy.get("weights") or [100.0]
     for i, w in enumerate(chosen[::-1]):  # the last weight goes to the newest version
@@ -43,6 +59,7 @@ def route_newest(s: Session, ep: Endpoint) -> None:
     for i, (m, w) in enumerate(zip(versions, weights)):
         ep.targets.append(EndpointTarget(model=m, weight=100.0 * w / total,
                                          role="stable" if i == len(versions) - 1 else "canary"))
+    return skipped
 
 
 def route(ep: Endpoint, model: ModelVersion, canary: float | None) -> None:

@@ -182,7 +182,7 @@ class Registry:
                 ep.io = {}
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
-                route_newest(s, ep)
+                route_newest(s, ep, self.external_triton)
             elif model is not None:
                 ep.auto_update = {}
                 route(ep, model, req.canary)
@@ -250,18 +250,18 @@ class Registry:
         self._write(drop, f"removing the shadow of endpoint {name}")
         return self.get_endpoint(name)
 
-    def follow_new_version(self, model_name: str) -> list[str]:
-        """Auto-update endpoints of this model move to its newest versions (ClearML's ``model auto-update``)."""
+    def follow_new_version(self, model_name: str) -> dict[str, list[dict]]:
+        """Auto-update endpoints of this model move to its newest versions (ClearML's ``model auto-update``);
+        per endpoint, the versions it skipped because its engine cannot run them (registry/routes.py)."""
         with self.sessions() as s:
             if not any((ep.auto_update or {}).get("model") == model_name for ep in s.scalars(select(Endpoint))):
-                return []  # nothing follows this model: no write, no new revision
+                return {}  # nothing follows this model: no write, no new revision
 
-        def follow(s: Session) -> list[str]:
+        def follow(s: Session) -> dict[str, list[dict]]:
             changed = [ep for ep in s.scalars(select(Endpoint)) if (ep.auto_update or {}).get("model") == model_name]
-            for ep in changed:
-                route_newest(s, ep)
+            skipped = {ep.name: route_newest(s, ep, self.external_triton) for ep in changed}
             s.flush()
-            return [ep.name for ep in changed]
+            return skipped
 
         return self._write(follow, f"following the newest versions of {model_name}")
 
@@ -271,7 +271,7 @@ class Registry:
             ep = self._endpoint(s, name)
             if ep.auto_update:
                 ep.auto_update = {**ep.auto_update, "weights": req.weights}
-                route_newest(s, ep)
+                route_newest(s, ep, self.external_triton)
             else:
                 targets = sorted(ep.targets, key=lambda t: t.model.version)
                 if len(req.weights) > len(targets):

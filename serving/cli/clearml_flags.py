@@ -134,19 +134,31 @@ def _pbtxt_pairs(path: Path) -> dict[str, str]:
     return pairs
 
 
-def aux_notes(pairs: dict[str, str] | None) -> list[str]:
-    """What became of each --aux-config key, said once after the control plane accepted them."""
+def aux_notes(pairs: dict[str, str] | None, triton_config: dict[str, Any] | None = None) -> list[str]:
+    """What became of each --aux-config key, said once after the control plane accepted them.
+
+    ``triton_config``: the endpoint's config.pbtxt fields as the control plane answered them; it holds
+    the backend ``platform``/``backend`` named only when they named the format of a model uploaded
+    without one (registry/formats.py), and then those keys were used, not ignored."""
     from serving.triton.aux_config import parse_aux
+    from serving.triton.model_formats import format_named
 
     if not pairs:
         return []
     aux = parse_aux(pairs)
+    named = format_named(pairs.get("platform", ""), pairs.get("backend", ""))
+    used = [k for k in ("platform", "backend") if k in pairs] if named is not None and \
+        (triton_config or {}).get("backend") == named.backend else []
     notes = [f"--aux-config applied: {', '.join(aux.applied)}"] if aux.applied else []
+    if used:
+        notes.append(f"--aux-config {', '.join(used)}: named the format of the model, uploaded without one: "
+                     f"served as {named.words} (Triton backend {named.backend!r})")
     if aux.kept:
         notes.append(f"--aux-config kept for an external Triton's config.pbtxt (the embedded Triton does not "
                      f"use them): {', '.join(aux.kept)}")
-    if aux.ignored:
-        notes.append(f"--aux-config ignored: {', '.join(aux.ignored)} (the registry knows the model file "
+    ignored = [k for k in aux.ignored if k not in used]
+    if ignored:
+        notes.append(f"--aux-config ignored: {', '.join(ignored)} (the registry knows the model file "
                      "and its format; platform/backend only name the format of a model uploaded without one)")
     return notes
 

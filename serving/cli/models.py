@@ -68,6 +68,8 @@ def upload(
                                  "tags": tag, "metadata": meta})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}, {m['size']} bytes, "
                   f"sha256 {m['sha256'][:12]})")
+    for skip in m.get("not_followed") or ():  # an auto-update endpoint whose engine cannot run it
+        console.print(f"note: endpoint {skip['endpoint']} does not follow this version: {skip['reason']}")
 
 
 def _refuse_unservable(path: Path, framework: Optional[str]) -> None:
@@ -208,8 +210,10 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
-    for note in aux_notes(body.get("aux_config")):
+    for note in aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config")):
         console.print(f"note: {note}")
+    for skip in (ep.get("auto_update") or {}).get("skipped") or ():
+        console.print(f"note: skipped version {skip['version']}: {skip['reason']}")
     console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}{follow}")
     after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
 

@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from preprocess.base import Processor
+from serving.triton.model_formats import target_format
 from serving.triton.shapes import batch_size, padded
 
 
@@ -27,6 +28,8 @@ class Target:
     outputs: tuple[dict, ...]
     max_batch: int = 0  # the Triton max_batch_size it is served with: 0 means no batching (serving/triton/shapes.py)
     role: str = "stable"  # stable | canary | shadow (weight: percent of requests copied to it, never answered)
+    framework: str = ""  # the model's format (the snapshot's); for an upload of unknown format, the Triton
+    # format its endpoint's --aux-config platform/backend named (serving/triton/model_formats.py)
 
     @classmethod
     def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None) -> "Target":
@@ -34,7 +37,8 @@ class Target:
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
                    triton_name=t["triton_name"], artifact=t.get("artifact", ""),
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
-                   max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"))
+                   max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"),
+                   framework=_format(t.get("framework"), batching))
 
     @property
     def shadow(self) -> bool:
@@ -53,6 +57,11 @@ class Target:
     def model_less(cls, endpoint: str) -> "Target":
         """A custom endpoint without a model still routes to one target; its statistics say version 0."""
         return cls(model=endpoint, version=0, weight=100.0, triton_name="", artifact="", inputs=(), outputs=())
+
+
+def _format(framework: str | None, batching: dict[str, Any] | None) -> str:
+    named = target_format(framework, (batching or {}).get("triton_config"))
+    return named.name if named else str(framework or "")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ def test_the_model_answers_as_its_model_py_over_serve_v2_http_and_grpc(stack):
     meta = http.get_model_metadata("shout")
     http.close()
     assert meta["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["platform"] == "python"  # as Triton says of a Python-backend model
     assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [("UPPER", "BYTES"), ("LENGTH", "INT32")]
     grpc_url = f"127.0.0.1:{stack.env['SERVING_WORKER_GRPC_PORT']}"
     for protocol, url in ((httpclient, stack.worker_url().removeprefix("http://")), (grpcclient, grpc_url)):

@@ -21,7 +21,9 @@ from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
 from serving.worker.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from serving.worker.frontends.serve_rest import parse_version
-from serving.worker.frontends.v2_models import SERVER_METADATA, check_model_ready, model_metadata, model_statistics
+from serving.worker.frontends.v2_models import (
+    SERVER_METADATA, check_model_ready, metadata_target, model_metadata, model_statistics, platform_backend,
+)
 from serving.worker.frontends.v2_text import infer_v2
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,16 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, work)
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Triton's model configuration, as much of it as an endpoint has: the tensors of its metadata,
-        shapes as the signature gives them (max_batch_size 0: the batch dimension is in the shape)."""
+        """Triton's model configuration, as much of it as an endpoint has: the platform and backend of the
+        version answering, the tensors of its metadata, shapes as the signature gives them (max_batch_size
+        0: the batch dimension is in the shape)."""
         async def work() -> Any:
             self._client(context, request.name)
             meta = model_metadata(self.dataplane, request.name, request.version or None)
+            target = metadata_target(self.dataplane, request.name, request.version or None)
+            plat, backend = platform_backend(self.dataplane.endpoint(request.name).engine, target)
             return service_pb2.ModelConfigResponse(config=model_config_pb2.ModelConfig(
-                name=request.name, platform=meta["platform"], max_batch_size=0,
+                name=request.name, platform=plat, backend=backend, max_batch_size=0,
                 input=[model_config_pb2.ModelInput(name=t["name"], data_type=_config_type(t["datatype"]),
                                                    dims=t["shape"]) for t in meta["inputs"]],
                 output=[model_config_pb2.ModelOutput(name=t["name"], data_type=_config_type(t["datatype"]),

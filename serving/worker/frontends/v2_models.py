@@ -6,6 +6,7 @@ are a version's signature (a live version unless one is named).
 from __future__ import annotations
 
 from serving import __version__
+from serving.triton.model_formats import FORMATS
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import Forbidden, NotFound, Unavailable
 from serving.worker.frontends.serve_rest import parse_version
@@ -18,6 +19,21 @@ SERVER_METADATA = {"name": "serving", "version": __version__, "extensions": ["bi
 
 def tensors(specs: tuple[dict, ...]) -> list[dict]:
     return [{"name": s["name"], "datatype": s["dtype"], "shape": s.get("shape", [])} for s in specs]
+
+
+def platform_backend(engine: str, target: Target) -> tuple[str, str]:
+    """The ``platform`` and ``backend`` Triton's config.pbtxt would hold for the version answering: on
+    engine ``triton`` its format's (``tensorrt_plan``/``tensorrt``, ""/``python``, ...); on engine
+    ``onnxruntime`` ONNX's; for the other in-worker engines (sklearn, xgboost, lightgbm, custom), which
+    Triton has no name for, no platform and the engine as the backend."""
+    fmt = FORMATS.get(target.framework) if engine == "triton" else FORMATS["onnx"] if engine == "onnxruntime" else None
+    return (fmt.platform, fmt.backend) if fmt else ("", engine)
+
+
+def platform(engine: str, target: Target) -> str:
+    """Triton's metadata ``platform``: the config's platform, else its backend (Triton says ``python``)."""
+    plat, backend = platform_backend(engine, target)
+    return plat or backend
 
 
 def check_server_ready(dataplane: DataPlane) -> None:
@@ -37,7 +53,7 @@ def model_metadata(dataplane: DataPlane, name: str, version: str | None) -> dict
     target = metadata_target(dataplane, name, version)
     ep = dataplane.endpoint(name)
     io = text_io(ep, target) or (tensors(target.inputs), tensors(target.outputs))
-    return {"name": name, "versions": [str(t.version) for t in ep.targets], "platform": ep.engine,
+    return {"name": name, "versions": [str(t.version) for t in ep.targets], "platform": platform(ep.engine, target),
             "inputs": io[0], "outputs": io[1]}
 
 

@@ -116,11 +116,13 @@ def test_health_metadata_config_and_index_match_the_model(client, model_path):
     assert client.get_server_metadata(as_json=True)["name"] == "serving"
     meta = client.get_model_metadata("tensors", as_json=True)
     signature = onnx_signature(model_path)
-    assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime"
+    assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"  # Triton's name, not the engine's
+    assert client.get_model_metadata("gone", as_json=True)["platform"] == "onnxruntime_onnx"  # engine triton, ONNX
     for got, want in ((meta["inputs"], signature["inputs"]), (meta["outputs"], signature["outputs"])):
         assert [(t["name"], t["datatype"], [int(d) for d in t.get("shape", [])]) for t in got] == \
                [(t["name"], t["dtype"], t["shape"]) for t in want]
     config = client.get_model_config("tensors", as_json=True)["config"]
+    assert (config["platform"], config["backend"]) == ("onnxruntime_onnx", "onnxruntime")
     assert [(i["name"], i["data_type"]) for i in config["input"]] == [("x", "TYPE_FP32"), ("s", "TYPE_STRING")]
     assert [o["name"] for o in config["output"]] == ["y", "n", "t"]
     index = client.get_model_repository_index(as_json=True)["models"]

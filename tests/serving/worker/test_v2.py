@@ -47,6 +47,7 @@ def test_metadata_and_health(make_client, clf_spec):
     assert client.get("/v2/health/ready").status_code == 200
     meta = client.get("/v2/models/clf").json()  # a tokenizer endpoint: text in, /serve's answer out
     assert meta["versions"] == ["1"] and meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["platform"] == "onnxruntime_onnx"  # Triton's name for an ONNX model (engine onnxruntime)
     assert meta["outputs"] == [{"name": "label", "datatype": "BYTES", "shape": [-1]},
                                {"name": "score", "datatype": "FP32", "shape": [-1]},
                                {"name": "logits", "datatype": "FP32", "shape": [-1, 2]}]
