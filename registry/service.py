@@ -99,6 +99,7 @@ class Registry:
         refuse_pytorch(path, req.framework, f"model {req.name}'s file")
         if req.framework == "hf-causal-lm":
             signature = _llm_signature(path)
+            self._check_llm_followers(req.name, signature)
         elif req.signature is not None:
             signature = req.signature.model_dump()
         elif req.framework == "onnx":
@@ -120,6 +121,14 @@ class Registry:
             return mv
 
         return self._write(create, f"adding a version of model {req.name}")
+
+    def _check_llm_followers(self, name: str, signature: dict) -> None:
+        """A new version an auto-update vllm endpoint would serve at once is checked as a deploy is."""
+        with self.sessions() as s:
+            for ep in s.scalars(select(Endpoint).where(Endpoint.engine.in_(schemas.LLM_ENGINES))):
+                if (ep.auto_update or {}).get("model") == name:
+                    _check_llm(ModelVersion(name=name, version=0, signature=signature), ep.engine_options,
+                               f" (endpoint {ep.name} follows its newest versions)")
 
     def list_models(self, name: str | None = None) -> list[ModelVersion]:
         with self.sessions() as s:
@@ -398,15 +407,16 @@ def _llm_signature(path) -> dict:
         raise Unprocessable(str(exc)) from None
 
 
-def _check_llm(model: ModelVersion | None, options: dict) -> None:
+def _check_llm(model: ModelVersion | None, options: dict, why: str = "") -> None:
     """422 naming everything that keeps vLLM from serving this version with these options."""
     from serving.llm.checks import servable_problems
 
     if model is None:
         return  # refused by _check_deployable: vllm is not a model-less engine
-    problems = servable_problems(f"{model.name}:{model.version}", model.signature or {}, options or {})
+    label = f"{model.name}:{model.version}" if model.version else f"the new version of {model.name}"
+    problems = servable_problems(label, model.signature or {}, options or {})
     if problems:
-        raise Unprocessable("engine vllm cannot serve it: " + "; ".join(problems))
+        raise Unprocessable(f"engine vllm cannot serve it{why}: " + "; ".join(problems))
 
 
 def _model(s: Session, name: str, version: int | None) -> ModelVersion:

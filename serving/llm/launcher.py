@@ -33,7 +33,7 @@ from serving.supervisor import Child, Supervisor, describe_exit
 log = logging.getLogger(__name__)
 
 UNLOAD_GRACE_S = 5.0
-MAX_CRASHES = 3            # exits within CRASH_WINDOW_S before an engine is given up (failed)
+MAX_CRASHES = 5            # exits within CRASH_WINDOW_S before an engine is given up (failed), as `serving up`
 CRASH_WINDOW_S = 900.0     # an engine takes about 45 s to start: a crash loop is slow
 
 
@@ -79,7 +79,7 @@ class Launcher:
 
     # --- what the snapshot asks for -------------------------------------------------
     def apply(self, snapshot: dict[str, Any]) -> None:
-        """ConfigSubscriber callback: quick (fetching and starting happen in ``tick``)."""
+        """ConfigSubscriber callback: quick (fetching happens on a thread of its own, starting in ``tick``)."""
         with self.lock:
             self.wanted = wanted_engines(snapshot)
             self.revision = int(snapshot.get("revision", -1))
@@ -90,7 +90,8 @@ class Launcher:
                     self._stop(key)
                 if key not in self.engines:
                     self.engines[key] = self._new(spec)
-        self.tick()
+        # engines are started by ``tick`` on the launcher's main thread: PR_SET_PDEATHSIG follows the thread
+        # that forks, and that one lives as long as the launcher
 
     def _new(self, spec: EngineSpec) -> Engine:
         sup = Supervisor({}, self.log_dir, max_crashes=MAX_CRASHES, crash_window_s=CRASH_WINDOW_S)

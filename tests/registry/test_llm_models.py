@@ -15,8 +15,8 @@ from registry.api import create_app
 from serving.cli.clearml_flags import expand_variadic
 from serving.cli.main import app
 from serving.settings import ControlPlaneSettings
-from tests.support.auth import headers, token
-from tests.support.servers import serve_in_thread
+from tests.registry.test_pytorch_refusal import cp  # noqa: F401 (a control plane on a socket, the CLI's token)
+from tests.support.auth import headers
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 2,
          "head_dim": 32, "max_position_embeddings": 512, "vocab_size": 16}
@@ -39,21 +39,13 @@ def llm_folder(path: Path, config: dict | None = None, tokenizer: bool = True) -
     return path
 
 
-@pytest.fixture
-def cp(tmp_path, monkeypatch):
-    home = tmp_path / "cp"
-    with serve_in_thread(create_app(ControlPlaneSettings(home=home))) as url:
-        monkeypatch.setenv("SERVING_TOKEN", token(home))
-        yield url, home
-
-
 def cli(url: str, *args: str, code: int = 0):
     res = CliRunner().invoke(app, ["--control-plane", url, *expand_variadic(list(args))], terminal_width=400)
     assert res.exit_code == code, res.output
     return res
 
 
-def test_a_folder_is_one_content_addressed_version_with_its_facts(cp, tmp_path):
+def test_a_folder_is_one_content_addressed_version_with_its_facts(cp, tmp_path):  # noqa: F811
     url, home = cp
     folder = llm_folder(tmp_path / "my-llm")
     res = cli(url, "model", "upload", "--name", "my llm", "--path", str(folder))
@@ -74,7 +66,7 @@ def test_a_folder_is_one_content_addressed_version_with_its_facts(cp, tmp_path):
         assert all(tar.extractfile(n).read() == (folder / n).read_bytes() for n in names)
 
 
-def test_an_encoder_folder_keeps_the_onnx_advice(cp, tmp_path):
+def test_an_encoder_folder_keeps_the_onnx_advice(cp, tmp_path):  # noqa: F811
     url, home = cp
     folder = llm_folder(tmp_path / "bert", {**LLAMA, "architectures": ["BertForSequenceClassification"]})
     res = cli(url, "model", "upload", "--name", "bert", "--path", str(folder), code=2)
@@ -210,7 +202,7 @@ def test_migration_0005_on_sqlite_and_postgresql(database_url, tmp_path):
     engine.dispose()
 
 
-def test_clearml_vllm_commands_as_typed(cp, tmp_path):
+def test_clearml_vllm_commands_as_typed(cp, tmp_path):  # noqa: F811
     """examples/vllm's three commands, `serving` for `clearml-serving --id <service_id>`, the uploaded folder for
     <model_id> (found by --name and --project); auto-update serves the two newest versions, canary splits them."""
     url, home = cp
@@ -232,3 +224,17 @@ def test_clearml_vllm_commands_as_typed(cp, tmp_path):
     assert ep["engine"] == "vllm" and ep["preprocess"]["kind"] == "user"
     assert [(t["model"], t["version"], t["weight"]) for t in ep["targets"]] == [("test vllm", 1, 10.0),
                                                                               ("test vllm", 2, 90.0)]
+
+
+def test_a_new_version_an_auto_update_vllm_endpoint_would_serve_is_checked_at_upload(client, tmp_path):
+    register(client, tmp_path, "llm")
+    r = client.post("/endpoints", json={"endpoint": "chat", "model": "llm", "engine": "vllm", "max_versions": 2})
+    assert r.status_code == 201, r.text
+    from serving.llm.folder import archive_folder
+
+    bad = archive_folder(llm_folder(tmp_path / "h24", {**LLAMA, "head_dim": 24}))
+    sha = client.post("/artifacts", content=b"".join(bad.chunks())).json()["sha256"]
+    r = client.post("/models", json={"name": "llm", "artifact": sha, "framework": "hf-causal-lm"})
+    assert r.status_code == 422, r.text
+    assert "(endpoint chat follows its newest versions)" in r.text and "head size 24" in r.text, r.text
+    assert [m["version"] for m in client.get("/models").json()] == [1]

@@ -76,7 +76,7 @@ def test_an_engine_per_deployed_version_ready_and_serving_the_folder(stack):
 def test_a_crash_loop_is_failed_with_the_engines_reason(stack):
     wait_until(lambda: engines(stack).get("tiny:2", {}).get("state") == "failed", START_S, "tiny:2 failed", interval=1)
     error = engines(stack)["tiny:2"]["error"]
-    assert "crash-looped: it exited with code" in error and "(3 exit(s)" in error, error
+    assert "crash-looped: it exited with code" in error and "(5 exit(s)" in error, error
     assert "unrecognized arguments: --no-such-flag" in error, error
     with stack.api() as api:
         status = api.get("/endpoints/broken/status").json()
