@@ -184,6 +184,8 @@ def test_migration_0005_on_sqlite_and_postgresql(database_url, tmp_path):
                           "created_at) VALUES ('old', 'triton', '{}', '{}', 1.0, '{}', '{}', CURRENT_TIMESTAMP)"))
         command.upgrade(cfg, "0005")
         assert conn.execute(text("SELECT engine_options FROM endpoints")).scalar() in ({}, "{}")
+        command.downgrade(cfg, "0004")  # and back, before any other connection holds the table
+        command.upgrade(cfg, "head")
     engine.dispose()
     home = tmp_path / "home"
     with TestClient(create_app(ControlPlaneSettings(home=home, database_url=database_url)),
@@ -194,12 +196,6 @@ def test_migration_0005_on_sqlite_and_postgresql(database_url, tmp_path):
                                        "aux_config": {"max_model_len": "128"}})
         assert r.status_code == 201, r.text
         assert c.get("/endpoints/chat").json()["engine_options"] == {"max_model_len": 128}
-    engine = make_engine(database_url)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0004")
-        command.upgrade(cfg, "head")
-    engine.dispose()
 
 
 def test_clearml_vllm_commands_as_typed(cp, tmp_path):  # noqa: F811
