@@ -144,9 +144,9 @@ class Launcher:
         if engine.spawned_at is None:
             engine.spawned_at = time.monotonic()
         if engine.state == "starting":
+            engine.shm |= shm_segments(proc.pid)  # what it maps so far: a death while starting leaves it too
             if self._healthy(engine):
                 self.memory.measured(engine.spec.key, proc.pid)
-                engine.shm = shm_segments(proc.pid)
                 self._set(engine, "ready", None)
             elif time.monotonic() - engine.spawned_at > self.settings.vllm_start_timeout_s:
                 log.warning("engine %s did not answer /health in %.0fs; killing it", engine.spec.key,
