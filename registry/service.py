@@ -100,7 +100,10 @@ class Registry:
         framework = formats.upload_framework(path, req.framework)
         if framework not in formats.TRITON_ONLY:
             refuse_pytorch(path, framework, f"model {req.name}'s file")
-        if req.signature is not None:
+        if framework == "hf-causal-lm":
+            signature = _llm_signature(path)
+            self._check_llm_followers(req.name, signature)
+        elif req.signature is not None:
             signature = req.signature.model_dump()
         elif framework == "onnx":
             signature = onnx_signature(path)
@@ -123,6 +126,14 @@ class Registry:
             return mv
 
         return self._write(create, f"adding a version of model {req.name}")
+
+    def _check_llm_followers(self, name: str, signature: dict) -> None:
+        """A new version an auto-update vllm endpoint would serve at once is checked as a deploy is."""
+        with self.sessions() as s:
+            for ep in s.scalars(select(Endpoint).where(Endpoint.engine.in_(schemas.LLM_ENGINES))):
+                if (ep.auto_update or {}).get("model") == name:
+                    _check_llm(ModelVersion(name=name, version=0, signature=signature), ep.engine_options,
+                               f" (endpoint {ep.name} follows its newest versions)")
 
     def list_models(self, name: str | None = None) -> list[ModelVersion]:
         with self.sessions() as s:
@@ -164,7 +175,7 @@ class Registry:
                 if req.canary is not None:
                     raise NotFound(f"endpoint {req.endpoint} does not exist; a canary needs a current version")
                 ep = Endpoint(name=req.endpoint, engine=req.engine, preprocess={}, batching={}, log_freq=1.0,
-                              io={}, auto_update={})
+                              io={}, auto_update={}, engine_options={})
                 s.add(ep)
             engine_changed, ep.engine = ep.engine != req.engine, req.engine
             if req.preprocess is not None:
@@ -180,6 +191,10 @@ class Registry:
                 ep.io = declared_io(req.io, ep.batching, model)
             elif engine_changed:
                 ep.io = {}
+            if req.engine_options is not None or engine_changed:
+                ep.engine_options = req.engine_options or {}
+            if req.engine in schemas.LLM_ENGINES:
+                _check_llm(model, ep.engine_options)
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
                 route_newest(s, ep, self.external_triton)
@@ -218,6 +233,8 @@ class Registry:
             model = _model(s, req.model, req.version)
             formats.deployable_format(ep.engine, model.framework, f"{model.name}:{model.version}",
                                       (ep.batching or {}).get("triton_config"), self.external_triton)
+            if ep.engine in schemas.LLM_ENGINES:
+                _check_llm(model, ep.engine_options)
             if ep.io and ep.engine in ("triton", "onnxruntime"):
                 try:
                     io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")
@@ -384,6 +401,29 @@ class Registry:
 
 def _revision(s: Session) -> int:
     return s.scalar(select(ConfigState.revision).where(ConfigState.id == 1)) or 0
+
+
+def _llm_signature(path) -> dict:
+    """A Hugging Face folder's facts (serving/llm/checks.py), read once at upload."""
+    from serving.llm.checks import llm_signature
+    from serving.llm.folder import FolderError, read_archive
+
+    try:
+        return llm_signature(read_archive(path))
+    except FolderError as exc:
+        raise Unprocessable(str(exc)) from None
+
+
+def _check_llm(model: ModelVersion | None, options: dict, why: str = "") -> None:
+    """422 naming everything that keeps vLLM from serving this version with these options."""
+    from serving.llm.checks import servable_problems
+
+    if model is None:
+        return  # refused by _check_deployable: vllm is not a model-less engine
+    label = f"{model.name}:{model.version}" if model.version else f"the new version of {model.name}"
+    problems = servable_problems(label, model.signature or {}, options or {})
+    if problems:
+        raise Unprocessable(f"engine vllm cannot serve it{why}: " + "; ".join(problems))
 
 
 def _model(s: Session, name: str, version: int | None) -> ModelVersion:

@@ -17,6 +17,8 @@ def test_up_serves_and_ctrl_c_stops_everything(tmp_path, tiny_model):
         stack.cli("model", "add", "--endpoint", "clf", "--model", "clf", "--tokenizer", str(tiny_model.tokenizer_dir))
         url = f"{stack.worker_url()}/serve/clf"
         wait_until(lambda: httpx.post(url, json={"text": "hello"}, timeout=10).status_code == 200, 60, "clf answers")
+        # the LLM launcher is one of the children (no vllm endpoint: no engine)
+        assert httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json() == {"engines": {}}
     finally:
         code = stack.interrupt()
     assert code == 0, stack.log("up").read_text()[-2000:]
