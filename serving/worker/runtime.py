@@ -27,14 +27,20 @@ class Target:
     outputs: tuple[dict, ...]
     max_batch: int = 0  # the Triton max_batch_size it is served with: 0 means no batching (serving/triton/shapes.py)
     role: str = "stable"  # stable | canary | shadow (weight: percent of requests copied to it, never answered)
+    # LLM endpoints (engine vllm): the endpoint's engine options and the signature's "llm" entry
+    # (max_model_len, architectures, chat_template); not part of the target's identity
+    engine_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    llm: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None) -> "Target":
+    def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None,
+                      engine_options: dict[str, Any] | None = None) -> "Target":
         sig = t.get("signature") or {}
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
-                   triton_name=t["triton_name"], artifact=t.get("artifact", ""),
+                   triton_name=t.get("triton_name") or "", artifact=t.get("artifact", ""),
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
-                   max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"))
+                   max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"),
+                   engine_options=dict(engine_options or {}), llm=dict(sig.get("llm") or {}))
 
     @property
     def shadow(self) -> bool:
