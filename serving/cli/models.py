@@ -10,6 +10,7 @@ import typer
 
 from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
+from serving.cli.hf_folder import is_llm_folder, upload_folder
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
 
@@ -27,9 +28,11 @@ def plane(ctx: typer.Context) -> ControlPlane:
 def upload(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="model name; each upload adds the next version"),
-    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...)"),
+    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...), or a "
+                                                               "Hugging Face causal LM folder (engine vllm)"),
     framework: Optional[str] = typer.Option(None, help="onnx | sklearn (scikit-learn) | xgboost | lightgbm | pytorch | "
-                                                      "tensorflow | custom (default: from the file name, else custom)"),
+                                                      "tensorflow | custom | hf-causal-lm (default: from the file "
+                                                      "name, else custom; a causal LM folder: hf-causal-lm)"),
     project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
     tag: list[str] = typer.Option([], "--tag", "--tags", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
@@ -38,19 +41,23 @@ def upload(
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
-    """Upload a model file (with a progress bar) and register it as a new version."""
-    _refuse_unservable(path, framework)
+    """Upload a model file or a Hugging Face causal LM folder (with a progress bar) as a new version."""
+    llm = is_llm_folder(path, framework)
+    if not llm:
+        _refuse_unservable(path, framework)
     cp = plane(ctx)
     try:
         meta = json.loads(metadata) if metadata else {}
     except ValueError as exc:
         raise typer.BadParameter(f"--metadata is not valid JSON: {exc}")
     if optimize:
+        if llm:
+            raise typer.BadParameter("--optimize is for ONNX models; vLLM runs the folder as it is")
         path, report = _optimized(path, optimize, num_heads, hidden_size)
         meta.update(report)
-    sha = cp.upload_file(path)
-    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": framework_for(path, framework),
-                                 "tags": tag, "metadata": meta})
+    sha = upload_folder(cp, path) if llm else cp.upload_file(path)
+    m = cp.post("/models", json={"name": name, "artifact": sha, "tags": tag, "metadata": meta,
+                                 "framework": "hf-causal-lm" if llm else framework_for(path, framework)})
     console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}, {m['size']} bytes, "
                   f"sha256 {m['sha256'][:12]})")
 
@@ -129,7 +136,7 @@ def parse_percent(text: str | None) -> float | None:
     return value
 
 
-_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async"
+_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async | vllm"
 
 
 @app.command()
@@ -161,7 +168,8 @@ def add(
     output_type: list[str] = typer.Option([], help="numpy dtype per output"),
     output_size: list[str] = typer.Option([], help="dims per output"),
     aux_config: list[str] = typer.Option([], help="ClearML's config.pbtxt key=value: max_batch_size, "
-                                                   "dynamic_batching.*, any other config.pbtxt field"),
+                                                   "dynamic_batching.*, any other config.pbtxt field; engine "
+                                                   "vllm: its options, e.g. max_model_len=512 (docs/llm-engine.md)"),
     requirements: list[str] = typer.Option([], "--requirements", "--packages",
                                            help="pip requirements preprocess.py imports, installed by the workers"),
     tags: list[str] = typer.Option([], "--tags", help="pick the newest version of --model with these tags"),
@@ -193,7 +201,7 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
-    for note in aux_notes(body.get("aux_config")):
+    for note in ([] if engine == "vllm" else aux_notes(body.get("aux_config"))):
         console.print(f"note: {note}")
     console.print(f"endpoint [bold]{ep['name']}[/bold] ({ep['engine']}): {routes}{follow}")
     after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
