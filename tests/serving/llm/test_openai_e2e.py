@@ -29,7 +29,7 @@ openai = pytest.importorskip("openai")
 VLLM_PYTHON = Path(os.environ.get("SERVING_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
 FILES = Path(__file__).parent / "clearml_vllm"
 MAX_BODY = 32_768
-CONTEXT = 512
+CONTEXT = 2048  # room for a long generation: a cut one is told from one run to its end by its token count
 SYSTEMS = [{"role": "system", "content": "an old system prompt"}, {"role": "system", "content": "be brief"}]
 
 
@@ -54,13 +54,19 @@ class Engine:
     def tail(self) -> str:
         """The log's error lines (the root cause of a failed start is above its long traceback), then its end."""
         text = self.log.read_text(errors="replace")
-        errors = [line for line in text.splitlines() if "Error" in line and "Traceback" not in line]
+        errors = [line for line in text.splitlines() if re.search(r"Error|ERROR.*(Error|Exception):", line)]
         return "\n".join(errors[:20]) + "\n...\n" + text[-2000:]
 
-    def running(self) -> float:
+    def metric(self, name: str, *labels: str) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=5).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:num_requests_running{"))
+                   if line.startswith(name + "{") and all(label in line for label in labels))
+
+    def running(self) -> float:
+        return self.metric("vllm:num_requests_running")
+
+    def generated(self) -> float:
+        return self.metric("vllm:generation_tokens_total")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -88,7 +94,7 @@ def llm(tmp_path_factory):
     if not VLLM_PYTHON.exists():
         cannot_run(f"no vLLM venv at {VLLM_PYTHON} (scripts/setup installs it)")
     root = tmp_path_factory.mktemp("openai-e2e")
-    bundle = build_tiny_llama(root / "tiny-llama")
+    bundle = build_tiny_llama(root / "tiny-llama", max_model_len=CONTEXT)
     engine = Engine(bundle.path, root / "vllm.log")
     stack = make_stack(root / "home", workers=1)
     stack.env |= {"SERVING_CLIENT_KEYS_REQUIRED": "true", "SERVING_MAX_BODY_BYTES": str(MAX_BODY),
@@ -99,11 +105,18 @@ def llm(tmp_path_factory):
         work = root / "work"
         (work / "examples" / "vllm").mkdir(parents=True)
         shutil.copy(FILES / "preprocess.py", work / "examples" / "vllm" / "preprocess.py")
-        cli(stack, "model", "upload", "--name", "test vllm", "--project", "serving examples",
-            "--path", str(bundle.path))
-        cli(stack, "model", "add", "--name", "test vllm:1", "--engine", "vllm", "--endpoint", "test_vllm",
-            "--preprocess", "examples/vllm/preprocess.py", "--aux-config", f"url={engine.url}/v1",
-            "served_model_name=tiny", cwd=work)
+        # ClearML's three commands as typed (an external engine: --aux-config), two uploads of the folder
+        upload = ("model", "upload", "--name", "test vllm", "--project", "serving examples", "--path", str(bundle.path))
+        external = ("--aux-config", f"url={engine.url}/v1", "served_model_name=tiny")
+        cli(stack, *upload)
+        cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "test_vllm", "--preprocess",
+            "examples/vllm/preprocess.py", "--name", "test vllm", "--project", "serving examples", *external, cwd=work)
+        cli(stack, "model", "auto-update", "--engine", "vllm", "--endpoint", "test_vllm", "--preprocess",
+            "examples/vllm/preprocess.py", "--name", "test vllm", "--project", "serving examples",
+            "--max-versions", "2", *external, cwd=work)
+        cli(stack, *upload)
+        cli(stack, "model", "canary", "--endpoint", "test_vllm", "--weights", "0.1", "0.9",
+            "--input-endpoint-prefix", "test_vllm")
         cli(stack, "model", "add", "--engine", "custom", "--endpoint", "asker", "--preprocess",
             str(FILES / "ask_llm.py"))
         key = cli(stack, "key", "create", "--name", "all").strip()
@@ -114,6 +127,8 @@ def llm(tmp_path_factory):
         wait_until(lambda: httpx.post(f"{base}/completions", json={"model": "test_vllm", "prompt": "a", "max_tokens": 1},
                                       headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code == 200,
                    60, "the LLM endpoint answering")
+        wait_until(lambda: [v["version"] for v in httpx.get(f"{stack.worker_url()}/status", timeout=5).json()
+                            ["endpoints"]["test_vllm"]["versions"]] == [1, 2], 60, "the canary on the worker")
         yield {"stack": stack, "engine": engine, "base": base, "key": key, "scoped": scoped, "model": bundle.path}
     finally:
         stack.stop_all()
@@ -205,7 +220,7 @@ def error_of(exc: openai.APIStatusError) -> dict:
 @pytest.mark.parametrize("kind, kw, status, param", [
     ("unknown model", dict(model="nope", prompt="hi"), 404, None),
     ("max_tokens past the context", dict(model="test_vllm", prompt="hi", max_tokens=CONTEXT), 400, "max_tokens"),
-    ("prompt past the context", dict(model="test_vllm", prompt="alpha beta " * 400, max_tokens=4), 400, "prompt"),
+    ("prompt past the context", dict(model="test_vllm", prompt="alpha beta " * 1200, max_tokens=4), 400, "prompt"),
     ("oversized body", dict(model="test_vllm", prompt="x" * (MAX_BODY + 1)), 400, None),
     ("no prompt", dict(model="test_vllm", prompt=None), 400, "prompt"),
 ])
@@ -262,14 +277,43 @@ def test_send_request_from_another_endpoint(llm):
 
 def test_a_stream_cut_by_the_client_frees_its_slot_at_the_engine(llm):
     engine = llm["engine"]
+    before = engine.generated()
     with httpx.stream("POST", f"{llm['base']}/completions", headers={"Authorization": f"Bearer {llm['key']}"},
-                      json={"model": "test_vllm", "prompt": "numbers", "max_tokens": 500, "stream": True,
+                      json={"model": "test_vllm", "prompt": "numbers", "max_tokens": CONTEXT - 16, "stream": True,
                             "ignore_eos": True, "temperature": 0}, timeout=60) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
         assert engine.running() == 1  # generating while the client reads
     wait_until(lambda: engine.running() == 0, 30, "vllm:num_requests_running back to 0")
+    assert engine.generated() - before < (CONTEXT - 16) // 2  # aborted at the engine, not run to its end
+
+
+def test_a_client_gone_before_a_plain_answer_aborts_it_at_the_engine(llm):
+    engine = llm["engine"]
+    before = engine.generated()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{llm['base']}/completions", headers={"Authorization": f"Bearer {llm['key']}"},
+                   json={"model": "test_vllm", "prompt": "numbers", "max_tokens": CONTEXT - 8, "ignore_eos": True},
+                   timeout=httpx.Timeout(60, read=0.3))
+    wait_until(lambda: engine.running() == 0, 30, "vllm:num_requests_running back to 0")
+    assert engine.generated() - before < (CONTEXT - 8) // 2  # aborted at the engine, not run to its end
+
+
+def test_clearml_canary_split_and_sticky_routing_key(llm):
+    """``model canary --weights 0.1 0.9``: version 1 answers Binomial(N, 0.1) of N requests; accepted within
+    5 standard deviations of N x 0.1 (a false failure about once in 3.5 million runs)."""
+    n, share = 300, 0.1
+    headers = {"Authorization": f"Bearer {llm['key']}"}
+    body = {"model": "test_vllm", "prompt": "a", "max_tokens": 1}
+    with httpx.Client(base_url=llm["base"], headers=headers, timeout=30) as c:
+        versions = [c.post("/completions", json=body).headers["X-Model-Version"] for _ in range(n)]
+        sticky = {c.post("/completions", json=body, headers={"X-Routing-Key": "user-7"}).headers["X-Model-Version"]
+                  for _ in range(10)}
+    mean, sd = n * share, (n * share * (1 - share)) ** 0.5
+    assert set(versions) == {"1", "2"}
+    assert abs(versions.count("1") - mean) <= 5 * sd, versions.count("1")
+    assert len(sticky) == 1
 
 
 def test_an_engine_that_does_not_answer_is_a_503_in_openai_shape(llm):
@@ -287,3 +331,51 @@ def test_an_engine_that_does_not_answer_is_a_503_in_openai_shape(llm):
     assert r.status_code == 503 and r.headers["Retry-After"]
     assert r.json()["error"]["code"] == "engine_unavailable" and "detail" not in r.json()
     assert re.search(r"not answering|starting|not ready", r.json()["error"]["message"]), r.json()
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def record(self, event: dict) -> None:
+        self.events.append(event)
+
+
+def test_one_statistics_event_a_request_with_usage_and_custom_values(llm, tmp_path):
+    """An in-process worker (its recorder read back) in front of the module's engine: each request is one
+    event with the engine's token counts, the preprocess's custom values, and for a stream its ttft_s."""
+    from fastapi.testclient import TestClient
+
+    from registry.artifacts import ArtifactStore
+    from serving.llm.folder import archive_folder
+    from serving.worker.app import create_app
+    from tests.serving.worker.support import snapshot, worker_settings
+
+    home = tmp_path / "home"
+    store = ArtifactStore(home / "artifacts")
+    folder = tmp_path / "llm.tar"
+    folder.write_bytes(b"".join(archive_folder(llm["model"]).chunks()))
+    spec = {"name": "llm", "engine": "vllm", "metrics": [], "log_freq": 1.0,
+            "preprocess": {"kind": "user", "artifact": store.put_file(FILES / "preprocess.py")[0], "options": {}},
+            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": "tiny"},
+            "targets": [{"model": "tiny", "version": 3, "weight": 100.0, "role": "stable", "triton_name": "tiny_v3",
+                         "artifact": store.put_file(folder)[0], "framework": "hf-causal-lm",
+                         "signature": {"llm": {"max_model_len": CONTEXT}}}]}
+    events = Events()
+    with TestClient(create_app(worker_settings(home), snapshot=snapshot(spec), recorder=events)) as c:
+        chat = {"model": "llm", "messages": [*SYSTEMS, {"role": "user", "content": "hi"}], "max_tokens": 5}
+        r = c.post("/serve/openai/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+        [event] = events.events
+        assert (event["endpoint"], event["version"], event["status"]) == ("llm", 3, 200)
+        assert event["usage"] == {k: r.json()["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+        assert event["custom"] == {"system_dropped": 1} and event["latency_s"] > 0
+        with c.stream("POST", "/serve/openai/v1/completions",
+                      json={"model": "llm/3", "prompt": "hello", "max_tokens": 7, "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert lines[-1] == "data: [DONE]" and all('"usage"' not in line for line in lines)
+        event = events.events[-1]
+        assert len(events.events) == 2 and event["status"] == 200 and event["usage"]["completion_tokens"] == 7
+        assert 0 < event["ttft_s"] <= event["latency_s"]
+        r = c.post("/serve/openai/v1/completions", json={"model": "llm", "prompt": "x", "max_tokens": CONTEXT})
+        assert r.status_code == 400 and events.events[-1]["status"] == 400 and len(events.events) == 3
