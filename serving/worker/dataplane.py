@@ -115,6 +115,9 @@ class DataPlane:
                     client: str | None = None) -> Answer:
         """A request body in, the postprocessed answer out (``/serve``); ``client``: the key's name."""
         ep = self.endpoint(name)
+        if self.engines[ep.engine].kind == "llm":  # generation.py's path, through the OpenAI front end
+            raise BadRequest(f"endpoint {name!r} serves an LLM: call it with OpenAI's API at /serve/openai/v1/"
+                             f"chat/completions or /completions, model {name!r} (docs/llm.md)")
         target = self.route(ep, version, routing_key)
         copies = self.shadow.pick(ep, body) if version is None else None
         stats = _Stats(ep.name, version=target.version, client=client)

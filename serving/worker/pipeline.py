@@ -64,7 +64,8 @@ class RequestSender:
         try:
             request = {**checked(route, data), "stream": False}
             request.pop("stream_options", None)
-            if self.generation is not None and split_model(request["model"])[0] in self.dataplane.config.current.endpoints:
+            local = self.dataplane.config.current.endpoints if self.dataplane is not None else {}
+            if self.generation is not None and split_model(request["model"])[0] in local:
                 return (await self.generation.run(route, request)).body
             async with httpx.AsyncClient(timeout=self.timeout_s) as client:
                 r = await client.post(f"{self.pipeline_url}/openai/v1/{route}", json=request)

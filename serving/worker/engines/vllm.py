@@ -12,8 +12,8 @@ per worker process). Where a version's engine is:
   (a restarted engine comes back on another port).
 
 The request's ``model`` (what the client named: the endpoint, or ``endpoint/version``) is rewritten
-to the engine's served name on the way in, and back in answers and the engine's error messages. An engine that does not answer is a 503 with
-``Retry-After``; what the engine refuses keeps its status and its OpenAI error (:class:`EngineRefused`).
+to the engine's served name on the way in, and back in answers and the engine's error messages. An
+engine that does not answer is a 503 with ``Retry-After``; what the engine refuses keeps its status and its OpenAI error (:class:`EngineRefused`).
 Closing a stream (the client went away) closes the upstream connection, and vLLM aborts the generation.
 """
 from __future__ import annotations

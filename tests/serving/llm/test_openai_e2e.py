@@ -254,10 +254,13 @@ def test_malformed_messages_and_keys(llm):
     assert r.status_code == 404 and "error" in r.json() and "detail" not in r.json()
 
 
-def test_embeddings_of_a_generative_model_are_a_clear_400(llm):
+def test_routes_the_model_does_not_serve_are_a_clear_400(llm):
     with pytest.raises(openai.BadRequestError) as info:
         client(llm).embeddings.create(model="test_vllm", input="hello")
     assert "embeddings need an embedding model" in error_of(info.value)["message"]
+    r = httpx.post(f"{llm['stack'].worker_url()}/serve/test_vllm", json={"text": "hi"},
+                   headers={"Authorization": f"Bearer {llm['key']}"})
+    assert r.status_code == 400 and "/serve/openai/v1" in r.json()["error"]
 
 
 def test_send_request_from_another_endpoint(llm):
@@ -379,3 +382,23 @@ def test_one_statistics_event_a_request_with_usage_and_custom_values(llm, tmp_pa
         assert 0 < event["ttft_s"] <= event["latency_s"]
         r = c.post("/serve/openai/v1/completions", json={"model": "llm", "prompt": "x", "max_tokens": CONTEXT})
         assert r.status_code == 400 and events.events[-1]["status"] == 400 and len(events.events) == 3
+
+
+@pytest.mark.parametrize("route, body", [
+    ("chat/completions", {"messages": [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "hello"},
+                                                                    {"type": "text", "text": "world"}]}]}),
+    ("completions", {"prompt": "numbers like 1 2 3"}),
+])
+def test_the_context_check_counts_as_the_engine_does(llm, route, body):
+    """The worker's prompt count equals the engine's: max_tokens filling the context exactly is taken (the
+    stream is cut at its first event), one more is the worker's own 400."""
+    headers = {"Authorization": f"Bearer {llm['key']}"}
+    request = {"model": "test_vllm", **body}
+    with httpx.Client(base_url=llm["base"], headers=headers, timeout=60) as c:
+        prompt = c.post(f"/{route}", json={**request, "max_tokens": 1}).json()["usage"]["prompt_tokens"]
+        with c.stream("POST", f"/{route}", json={**request, "max_tokens": CONTEXT - prompt, "stream": True}) as r:
+            assert r.status_code == 200 and next(line for line in r.iter_lines() if line.startswith("data:"))
+        r = c.post(f"/{route}", json={**request, "max_tokens": CONTEXT - prompt + 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    assert f"has {prompt} tokens" in r.json()["error"]["message"]
