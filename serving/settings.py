@@ -108,6 +108,23 @@ class TritonSettings(CommonSettings):
     triton_loader_port: int = 8003    # embedded triton: load-on-demand endpoint for workers (with a budget)
 
 
+def bundled_vllm_python() -> Path | None:
+    """scripts/setup.sh's engine venv beside this checkout (``.venv-vllm``), when there is one."""
+    candidate = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+class LLMSettings(CommonSettings):
+    """`serving llm`: the launcher of the vLLM engines of LLM endpoints (docs/llm-engine.md)."""
+
+    llm_launcher_host: str = "127.0.0.1"
+    llm_launcher_port: int = 8004       # GET /engines: where each engine answers and its state
+    vllm_python: Path | None = Field(default_factory=bundled_vllm_python)  # the vLLM venv's interpreter
+    vllm_kv_cache_gb: float = 1.0       # KV cache per engine on CPU (endpoint option kv_cache_space_gb wins)
+    vllm_start_timeout_s: float = 600.0  # an engine not answering /health by then is restarted
+    llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
+
+
 class StatisticsSettings(CommonSettings):
     statistics_port: int = 9999
     statistics_host: str = "127.0.0.1"

@@ -45,7 +45,7 @@ from tests.support.ci import cannot_run
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 # the stack's default ports (`serving up`), needed free when no network namespace can be had
-DEFAULT_PORTS = (8000, 8001, 8002, 8003, 8080, 9090, 9091, 9999)
+DEFAULT_PORTS = (8000, 8001, 8002, 8003, 8004, 8080, 9090, 9091, 9999)
 LOGITS_ATOL = 1e-4
 
 
