@@ -78,6 +78,8 @@ class WorkerSettings(CommonSettings):
     pipeline_url: str | None = None  # send_request to endpoints this worker lacks; default: its own /serve
     extra_python_packages: str = ""  # pip requirements installed at worker start (ClearML's EXTRA_PYTHON_PACKAGES)
     client_keys_required: bool = False  # /serve and /v2 need a client key (serving key create); compose/Helm: true
+    llm_launcher_url: str = "http://127.0.0.1:8004"  # vllm engine: the launcher's /engines map (serving up sets it)
+    llm_timeout_s: float = 600.0  # vllm engine: longest wait for an LLM engine's answer or next streamed bytes
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"

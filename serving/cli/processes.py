@@ -170,10 +170,17 @@ def status(ctx: typer.Context,
 def demo(workers: int = typer.Option(2, help="worker processes"),
          export: Optional[Path] = typer.Option(None, "--export", file_okay=False, metavar="DIR",
                                                help="only write the demo's model files into DIR (model.onnx, "
-                                                    "model-v2.onnx, tokenizer/), as the README's Quick start uses them")) -> None:
+                                                    "model-v2.onnx, tokenizer/), as the README's Quick start uses them"),
+         export_llm: Optional[Path] = typer.Option(None, "--export-llm", file_okay=False, metavar="DIR",
+                                                   help="only write a tiny Llama (random weights, a tokenizer trained "
+                                                        "here, a chat template) into DIR as a Hugging Face folder, as "
+                                                        "the README's LLM quick start uploads it")) -> None:
     """The main job: build a real model, start the stack, deploy, query, canary, stop."""
-    from serving.demo import run
+    from serving.demo import export_llm as write_llm, run
 
+    if export_llm is not None:
+        write_llm(export_llm)
+        return
     run(workers, export)
 
 

@@ -117,11 +117,20 @@ def shm_segments(pid: int) -> set[str]:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
         return found
+    inodes: set[int] = set()
     for proc in procs:
         try:
             found |= {m.path for m in proc.memory_maps() if m.path.startswith("/dev/shm/")}
-        except psutil.Error:
+            inodes |= {int(line.split()[4]) for line in Path(f"/proc/{proc.pid}/maps").read_text().splitlines()
+                       if "/dev/shm/" in line}
+        except (psutil.Error, OSError, ValueError, IndexError):
             pass
+    # a POSIX semaphore (multiprocessing's locks) is mapped under a temporary name that is already gone
+    # ("sem.XXXXXX (deleted)"): its real name (sem.mp-...) is found by its inode
+    try:
+        found |= {str(entry) for entry in Path("/dev/shm").iterdir() if entry.stat().st_ino in inodes}
+    except OSError:
+        pass
     return found
 
 
