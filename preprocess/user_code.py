@@ -18,6 +18,7 @@ import functools
 import importlib.machinery
 import importlib.util
 import inspect
+import logging
 import sys
 import time
 import uuid
@@ -28,6 +29,8 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from preprocess.base import Collect, PreprocessError, UserCodeTimeout
+
+log = logging.getLogger(__name__)
 
 
 class UserCodeError(RuntimeError):
@@ -74,6 +77,7 @@ class UserProcessor:
     def __init__(self, path: Path, context: UserContext | None = None) -> None:
         context = context or UserContext()
         self.timeout_s = context.timeout_s
+        self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=max(1, context.threads), thread_name_prefix="user-code")
         module = load_module(path)
         cls = getattr(module, "Preprocess", None)
@@ -172,4 +176,23 @@ class UserProcessor:
             timer[0].cancel()
 
     def close(self) -> None:
+        """Retire this instance: ``Preprocess.unload()`` once, as ClearML Serving calls it when it drops
+        the instance. Blocking (user code): callers run it off the event loop. Its exceptions are
+        logged, never raised: a failing unload must not stop the worker retiring the rest."""
+        if self._closed:
+            return
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
+        unload = getattr(self.user, "unload", None)
+        if not callable(unload):
+            return
+        try:
+            result = unload()
+            if inspect.isawaitable(result):  # an ``async def unload``: run it here, off the loop
+                asyncio.run(_awaited(result))
+        except Exception:
+            log.exception("Preprocess.unload() in preprocess.py failed")
+
+
+async def _awaited(result: Any) -> Any:
+    return await result

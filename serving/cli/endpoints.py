@@ -93,6 +93,26 @@ def _split(spec: str) -> tuple[str, str]:
     return name, rest
 
 
+def scalar_buckets(name: str, rest: str) -> list[float]:
+    """The histogram bounds of ``--variable-scalar NAME=REST``: listed (``0,0.1,0.5``) or, as ClearML
+    Serving's help states it, ``MIN/MAX/COUNT``: COUNT equal-width buckets from MIN to MAX, so
+    ``0/1/5`` is the same histogram as ``0,0.2,0.4,0.6,0.8,1``."""
+    if "/" not in rest:
+        try:
+            return [float(b) for b in rest.split(",")]
+        except ValueError:
+            raise typer.BadParameter(f"buckets of {name} must be numbers: {rest}") from None
+    try:
+        low, high, count = (float(p) for p in rest.split("/"))
+    except ValueError:
+        raise typer.BadParameter(f"buckets of {name} must be MIN/MAX/COUNT, three numbers: {rest}") from None
+    if not (low < high and count >= 1 and count.is_integer()):
+        raise typer.BadParameter(f"buckets of {name}: MIN/MAX/COUNT needs MIN < MAX and a whole COUNT >= 1: {rest}")
+    count = int(count)
+    # a weighted mean, not low + i * step: 0/1/5 gives 0.6, not 0.6000000000000001
+    return [(low * (count - i) + high * i) / count for i in range(count + 1)]
+
+
 def _metrics_endpoint(ref: str) -> str:
     """ClearML names the endpoint with a version or a prefix (``model/1``, ``model/*``); variables
     here belong to the endpoint, whatever version served the request."""
@@ -105,7 +125,7 @@ def _metrics_endpoint(ref: str) -> str:
 def metrics_add(
     ctx: typer.Context,
     endpoint: str = typer.Option(..., "--endpoint", callback=_metrics_endpoint),
-    variable_scalar: list[str] = typer.Option([], help="NAME=B1,B2,... histogram buckets"),
+    variable_scalar: list[str] = typer.Option([], help="NAME=B1,B2,... histogram bounds, or NAME=MIN/MAX/COUNT: COUNT equal buckets"),
     variable_enum: list[str] = typer.Option([], help="NAME=V1,V2,... allowed values"),
     variable_value: list[str] = typer.Option([], help="NAME: last value as a gauge"),
     log_freq: Optional[float] = typer.Option(None, help="fraction of requests recorded, 0..1"),
@@ -115,11 +135,7 @@ def metrics_add(
     bodies = []
     for spec in variable_scalar:
         name, rest = _split(spec)
-        try:
-            buckets = [float(b) for b in rest.split(",")]
-        except ValueError:
-            raise typer.BadParameter(f"buckets of {name} must be numbers: {rest}")
-        bodies.append({"name": name, "kind": "scalar", "buckets": buckets})
+        bodies.append({"name": name, "kind": "scalar", "buckets": scalar_buckets(name, rest)})
     for spec in variable_enum:
         name, rest = _split(spec)
         bodies.append({"name": name, "kind": "enum", "values": rest.split(",")})

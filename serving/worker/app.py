@@ -159,6 +159,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         if reporter is not None:
             reporter.stop()
         sync.stop()
+        await asyncio.to_thread(sync.close_processors)  # user code's unload(): blocking, off the loop
         await exchange.stop()
         for engine in engines.values():
             await engine.close()

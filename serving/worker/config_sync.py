@@ -41,6 +41,7 @@ class ConfigSync:
         self._processors: dict[tuple[str, int | None], tuple[str, Processor]] = {}
         self._retiring: list[Processor] = []  # replaced during this apply
         self._retired: list[Processor] = []  # replaced by the previous apply: closed on the next
+        self._closing: list[Processor] = []  # due to close once the lock is released (user code's unload)
         self._lock = threading.Lock()
         self._subscriber: ConfigSubscriber | None = None
         self.gate = ReadinessGate(engines)
@@ -63,6 +64,25 @@ class ConfigSync:
         self._stopped.set()
         self._wake.set()
 
+    def close_processors(self) -> None:
+        """The worker is shutting down: retire every processor still held (user code's ``unload``).
+        Blocking: the app runs it off the event loop, after ``stop``."""
+        with self._lock:
+            held = [p for _, p in self._processors.values()]
+            self._closing += [*self._retired, *self._retiring, *held]
+            self._processors, self._retired, self._retiring = {}, [], []
+        self._close_due()
+
+    def _close_due(self) -> None:
+        """Close what was retired, outside the lock: a slow ``unload`` holds no config change up."""
+        with self._lock:
+            due, self._closing = self._closing, []
+        done: set[int] = set()
+        for processor in due:
+            if id(processor) not in done:
+                done.add(id(processor))
+                _close(processor)
+
     def apply(self, snapshot: dict[str, Any]) -> None:
         revision = int(snapshot.get("revision", 0))
         with self._lock:
@@ -84,6 +104,7 @@ class ConfigSync:
                     endpoints[name] = self.current.endpoints[name]
             self._retain(endpoints)
             self.current = Config(revision, MappingProxyType(endpoints), MappingProxyType(errors))
+        self._close_due()
         held = [n for n, p in self.pending.items() if not p.installed]
         log.info("applied config revision %s (%d endpoints%s)", revision, len(endpoints),
                  f"; previous routes kept until ready: {', '.join(held)}" if held else "")
@@ -146,6 +167,7 @@ class ConfigSync:
                 endpoints = {**self.current.endpoints, name: entry.runtime}
                 self.current = replace(self.current, endpoints=MappingProxyType(endpoints))
                 self._retain(endpoints)
+        self._close_due()
         log.info("endpoint %s: new targets ready after %.2fs; %s", name, entry.age_s(),
                  "answering" if entry.installed else "switched to them")
         self._changed()
@@ -183,12 +205,14 @@ class ConfigSync:
             except Exception as exc:
                 raise TargetLoadError(exc, "preprocess", (target,)) from exc
         for target in targets:
-            # a model object from the user's load() replaces the engine's own loading (ClearML)
-            if getattr(per_version.get(target.version), "loaded", None) is None or engine.kind != "python":
-                try:
-                    engine.prepare(target)
-                except Exception as exc:
-                    raise TargetLoadError(exc, "model", (target,)) from exc
+            # a model object from the user's load() replaces the engine's own loading (ClearML): the
+            # engine adopts it, so it is ready (v2 /ready, the gate) exactly when it can answer
+            from_load = getattr(per_version.get(target.version), "loaded", None) is not None
+            adopt = getattr(engine, "adopt", None) if from_load else None
+            try:
+                adopt(target) if callable(adopt) else engine.prepare(target)
+            except Exception as exc:
+                raise TargetLoadError(exc, "model", (target,)) from exc
         return EndpointRuntime(name=name, engine=engine_name, targets=targets,
                                processor=shared or per_version[targets[0].version],
                                preprocess_kind=pre.get("kind", "none"), io=MappingProxyType(io),
@@ -219,8 +243,7 @@ class ConfigSync:
     def _retain_processors(self, endpoints: list[EndpointRuntime]) -> None:
         """Processors the new config no longer uses are closed one revision later: requests that
         read the previous config may still be running their user code."""
-        for processor in self._retired:
-            _close(processor)
+        self._closing += self._retired
         live = {id(p) for ep in endpoints for p in (ep.processor, *ep.version_processors.values())}
         for slot, (_, processor) in list(self._processors.items()):
             if id(processor) not in live:
@@ -232,8 +255,11 @@ class ConfigSync:
 
 def _close(processor: Processor) -> None:
     close = getattr(processor, "close", None)
-    if callable(close):
-        close()
+    try:
+        if callable(close):
+            close()
+    except Exception:  # retiring one processor must never crash the worker
+        log.exception("closing a retired preprocessor failed")
 
 
 def _model_endpoint(endpoint: str, engine: str, target: Target | None, pre: dict, io: dict) -> dict[str, Any]:

@@ -1,19 +1,14 @@
-{{/* Names */}}
+{{/* Names. serving.name: the app.kubernetes.io/name label, the same whatever the release is called.
+     serving.fullname: what every object's name starts with: fullnameOverride when set, else
+     <release>-serving, or just the release when it is already called serving (`helm install serving`
+     gives serving-control-plane, not serving-serving-control-plane); at most 63 characters. */}}
 {{- define "serving.name" -}}
-{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "serving.fullname" -}}
-{{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
-{{- else }}
-{{- $name := default .Chart.Name .Values.nameOverride }}
-{{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
-{{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
-{{- end }}
-{{- end }}
+{{- $derived := eq .Release.Name .Chart.Name | ternary .Release.Name (printf "%s-%s" .Release.Name .Chart.Name) }}
+{{- .Values.fullnameOverride | default $derived | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* Name of one component's objects: {{ include "serving.componentName" (list . "worker") }} */}}

@@ -34,6 +34,11 @@ class Engine(Protocol):
     def is_ready(self, target: Target) -> bool:
         """Blocking readiness check from the config thread: may this target get traffic now?"""
 
+    # optional, "python" engines: the version's model is what the user's ``Preprocess.load`` returned
+    # (ClearML); called instead of prepare(), off the event loop
+    def adopt(self, target: Target) -> None:
+        """Serve ``target`` with the processor's ``loaded`` model: ready without loading the file."""
+
     # "python" engines instead of infer():
     async def run(self, target: Target, processor: Any, data: Any, state: dict, collect: Any) -> Any:
         """Run the version's model (or the user's ``process``) on the preprocess output."""

@@ -28,6 +28,7 @@ class InProcessEngine:
     def __init__(self, artifact_path: Callable[[str], Path], threads: int = 4) -> None:
         self.artifact_path = artifact_path
         self._models: dict[str, Any] = {}
+        self._adopted: set[str] = set()  # artifacts whose model the user's load() returned
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=type(self).__name__)
 
@@ -49,11 +50,17 @@ class InProcessEngine:
                 except ImportError as exc:
                     raise RuntimeError(f"{exc}: install the worker with `pip install serving[{self.extra}]`") from exc
 
+    def adopt(self, target: Target) -> None:
+        """``Preprocess.load`` returned the model: ``run`` uses the processor's, the file is not loaded."""
+        with self._lock:
+            self._adopted.add(target.artifact)
+
     def retain(self, targets: Iterable[Target]) -> None:
         keep = {t.artifact for t in targets}
         with self._lock:
             for artifact in set(self._models) - keep:
                 del self._models[artifact]
+            self._adopted &= keep
 
     async def run(self, target: Target, processor: Any, data: Any, state: dict, collect: Collect) -> Any:
         """``Preprocess.load`` may have returned the model object; ClearML uses it instead of the file."""
@@ -70,7 +77,7 @@ class InProcessEngine:
                                   f"{target.model}:{target.version} rejected the input: {type(exc).__name__}: {brief(exc)}") from None
 
     async def ready(self, target: Target) -> bool:
-        return not target.artifact or target.artifact in self._models
+        return not target.artifact or target.artifact in self._models or target.artifact in self._adopted
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -158,9 +158,6 @@ def test_ensemble_model_from_load(stack, workdir, built):
     add_update_canary(stack, workdir, "ensemble", check, v2=False)
 
 
-@pytest.mark.xfail(strict=True, reason="serving/worker: an in-process engine whose model came from Preprocess.load() "
-                                       "is never prepared (config_sync), so its ready() stays False: v2 /ready is a "
-                                       "503 while the endpoint serves")
 def test_v2_ready_when_load_returned_the_model(stack, workdir):
     if stack.api().get("/endpoints/test_model_ensemble").status_code == 404:  # run on its own
         upload_trained(stack, workdir, "ensemble")
@@ -413,8 +410,19 @@ def test_statistics_of_every_kind_from_collect_custom_statistics_fn(stack, workd
     assert metrics == []
 
 
-@pytest.mark.xfail(strict=True, reason="serving/cli/endpoints.py: --variable-scalar takes listed buckets only, not "
-                                       "ClearML's NAME=MIN/MAX/COUNT form")
 def test_scalar_buckets_as_min_max_count(stack, workdir):
-    line = f'{COMMANDS["metrics"][0].split(" --variable-scalar")[0]} --variable-scalar "x1=0.0/1.0/5"'
-    run_typed(stack, workdir, line)
+    """ClearML's ``NAME=MIN/MAX/COUNT`` form (its ``metrics add --help``): COUNT equal buckets from MIN
+    to MAX, the same histogram as the listed bounds; a malformed one is refused naming the form."""
+    if stack.api().get("/endpoints/test_model_sklearn").status_code == 404:  # run on its own
+        upload_trained(stack, workdir, "sklearn")
+        run_typed(stack, workdir, COMMANDS["sklearn"][0])
+    add = COMMANDS["metrics"][0].split(" --variable-scalar")[0]
+    run_typed(stack, workdir, f'{add} --variable-scalar "x1=0.0/1.0/5" "x2=-1/1/4"')
+    declared = {m["name"]: m for m in stack.api().get("/endpoints/test_model_sklearn").json()["metrics"]}
+    assert declared["x1"]["buckets"] == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert declared["x2"]["buckets"] == [-1.0, -0.5, 0.0, 0.5, 1.0]
+    for bad in ("x3=1/0/5", "x3=0/1/2.5", "x3=0/1"):
+        refused = run_typed(stack, workdir, f'{add} --variable-scalar "{bad}"', check=False)
+        assert refused.returncode != 0 and "MIN/MAX/COUNT" in refused.stdout + refused.stderr, bad
+    assert "x3" not in {m["name"] for m in stack.api().get("/endpoints/test_model_sklearn").json()["metrics"]}
+    run_typed(stack, workdir, COMMANDS["metrics"][2].replace("x0 x1", "x1 x2"))

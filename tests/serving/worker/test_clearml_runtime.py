@@ -253,3 +253,42 @@ def test_the_deadline_names_the_step_that_ran_past_it(make_client, store, tmp_pa
     assert client.post("/serve/slowp", json={"sleep": 0}).json() == {"done": True}
     assert [e["status"] for e in recorder.events] == [504, 200]
     assert set(recorder.events[-1]["stages"]) == {"preprocess", "inference", "postprocess"}
+
+
+UNLOADING = '''
+from pathlib import Path
+
+
+class Preprocess:
+    def process(self, data, state, collect_custom_statistics_fn=None):
+        return {{"tag": {tag!r}}}
+
+    def unload(self):
+        with open({log!r}, "a") as f:
+            f.write({tag!r} + "\\n")
+        if {tag!r} == "bad":
+            raise RuntimeError("unload failed on purpose")
+'''
+
+
+def test_unload_once_per_retired_instance_and_at_shutdown(make_client, store, tmp_path):
+    """ClearML calls ``Preprocess.unload()`` when it drops an instance: here when a replaced definition
+    is retired (one revision later: requests on the old config may still run it) and when the worker
+    shuts down. A failing unload is logged; the worker carries on."""
+    unloaded = tmp_path / "unloaded.txt"
+    unloaded.touch()
+
+    def spec(name: str, tag: str) -> dict:
+        sha = user_file(store, tmp_path, f"{name}_{tag}.py", UNLOADING.format(tag=tag, log=str(unloaded)))
+        return {"name": name, "engine": "custom", "targets": [], "metrics": [], "log_freq": 1.0, "batching": {},
+                "preprocess": {"kind": "user", "artifact": sha}}
+
+    client, _ = make_client(spec("a", "bad"), spec("b", "b1"))
+    sync = client.app.state.dataplane.config
+    sync.apply({"revision": 2, "endpoints": {e["name"]: e for e in (spec("a", "a2"), spec("b", "b1"))}})
+    assert unloaded.read_text() == ""  # replaced, not retired yet
+    sync.apply({"revision": 3, "endpoints": {e["name"]: e for e in (spec("a", "a2"),)}})  # b removed
+    assert unloaded.read_text() == "bad\n"  # its unload raised: logged, and the worker still answers
+    assert client.post("/serve/a", json={}).json() == {"tag": "a2"}
+    client.__exit__(None, None, None)
+    assert sorted(unloaded.read_text().split()) == ["a2", "b1", "bad"]  # each instance once
