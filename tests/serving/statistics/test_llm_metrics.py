@@ -2,11 +2,17 @@
 worker's events (serving/worker/generation_timing.py) counted exactly into serving_llm_* families."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+
+import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.statistics.events import encode_batch
 from serving.statistics.pipeline import StatisticsPipeline
+from serving.statistics.prometheus_config import write_prometheus_config
+from tests.support.ci import cannot_run
 
 
 def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -67,3 +73,13 @@ def test_requests_without_llm_and_bad_llm_fields_cost_no_request():
     assert sample(registry, "serving_llm_finish_reason_total", **v1, reason="other") == 1
     assert sample(registry, "serving_requests_total", **v1, status="200") == 1  # the shadow copy is not counted
     assert sample(registry, "serving_llm_e2e_latency_seconds_count", endpoint="clf", version="1") == 0
+
+
+def test_the_generated_prometheus_config_scrapes_the_launcher_and_promtool_accepts_it(tmp_path):
+    if shutil.which("promtool") is None:
+        cannot_run("promtool (Debian: prometheus, which scripts/setup.sh installs) is not installed")
+    path = write_prometheus_config(tmp_path / "prometheus.yml", ["127.0.0.1:9999"], llm_targets=["127.0.0.1:8004"])
+    jobs = {j["job_name"]: j["static_configs"][0]["targets"] for j in yaml.safe_load(path.read_text())["scrape_configs"]}
+    assert jobs["serving-llm"] == ["127.0.0.1:8004"] and jobs["serving-statistics"] == ["127.0.0.1:9999"]
+    check = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
