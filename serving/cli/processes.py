@@ -105,7 +105,7 @@ def up(
             sup.start(Child("llm", ["llm"], f"http://127.0.0.1:{LLMSettings().llm_launcher_port}/health"))
         sup.start(Child("worker", ["worker", "--workers", str(workers)], f"http://127.0.0.1:{port}/v2/health/live"))
         if prometheus:
-            _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port)
+            _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port, with_llm)
         console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
                       f"workers http://127.0.0.1:{port}"
                       f"{f' and gRPC 127.0.0.1:{grpc_port}' if grpc_port else ''}, logs in {sup.log_dir}")
@@ -122,7 +122,7 @@ def up(
 
 
 def _start_prometheus(sup: Supervisor, home: str, st: StatisticsSettings, tr: TritonSettings | None,
-                      port: int) -> None:
+                      port: int, with_llm: bool = False) -> None:
     """Prometheus is optional: when it is missing or fails, say so and keep the stack up."""
     from pathlib import Path
 
@@ -131,9 +131,11 @@ def _start_prometheus(sup: Supervisor, home: str, st: StatisticsSettings, tr: Tr
     workdir = Path(home) / "prometheus"
     workdir.mkdir(parents=True, exist_ok=True)
     triton = [f"127.0.0.1:{tr.triton_metrics_port}"] if tr else []
+    llm = [f"127.0.0.1:{LLMSettings().llm_launcher_port}"] if with_llm else []
 
     def spawn():
-        return start_prometheus(workdir, [f"127.0.0.1:{st.statistics_port}"], f"127.0.0.1:{port}", triton)
+        return start_prometheus(workdir, [f"127.0.0.1:{st.statistics_port}"], f"127.0.0.1:{port}", triton,
+                                llm_targets=llm)
 
     try:
         proc = spawn()

@@ -9,8 +9,11 @@ import logging
 import signal
 import threading
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
+from serving.llm.engine_metrics import EngineMetrics
 from serving.llm.http import EnginesServer
 from serving.llm.launcher import Launcher
 from serving.readiness_report import ReadinessReporter, process_id
@@ -32,9 +35,17 @@ def run_launcher(settings: LLMSettings, stop: threading.Event | None = None,
     reporter = ReadinessReporter(settings.control_plane_url, process_id("llm"), lambda: launcher.readiness(),
                                  kind="llm")
     launcher = Launcher(settings, fetcher.path, on_change=reporter.poke)
-    server = EnginesServer(launcher.view, settings.llm_launcher_host, settings.llm_launcher_port).start()
+    metrics, registry = EngineMetrics(launcher.view), CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    server = EnginesServer(launcher.view, settings.llm_launcher_host, settings.llm_launcher_port,
+                           metrics=lambda: generate_latest(registry)).start()
+
+    def apply(snapshot: dict) -> None:
+        metrics.follow(snapshot)
+        launcher.apply(snapshot)
+
     reporter.start()
-    subscriber = ConfigSubscriber(settings.control_plane_url, launcher.apply,
+    subscriber = ConfigSubscriber(settings.control_plane_url, apply,
                                   cache_path=settings.home / "llm-config.json").start()
     log.info("LLM launcher: engines at http://%s:%d/engines, vLLM %s", settings.llm_launcher_host, server.port,
              settings.vllm_python or "not found")

@@ -1,4 +1,4 @@
-"""A Prometheus configuration pointed at the statistics service (and Triton, if any).
+"""A Prometheus configuration pointed at the statistics service (and Triton and the LLM launcher, if any).
 
 ``serving up`` can write this and start Debian's/any ``prometheus`` binary with it;
 the tests start a real Prometheus from the same function, so what ships is what
@@ -20,13 +20,15 @@ ALERT_RULES = REPO / "deploy" / "prometheus" / "alerts.yml"
 
 
 def prometheus_config(statistics_targets: Sequence[str], triton_targets: Sequence[str] = (),
-                      rule_files: Sequence[Path] = (ALERT_RULES,), scrape_interval: str = "15s",
+                      llm_targets: Sequence[str] = (), rule_files: Sequence[Path] = (ALERT_RULES,), scrape_interval: str = "15s",
                       evaluation_interval: str | None = None) -> dict[str, Any]:
     """Targets are ``host:port``; the statistics job name is what the alert rules expect."""
     jobs: list[dict[str, Any]] = [{"job_name": "serving-statistics", "static_configs": [
         {"targets": list(statistics_targets)}]}]
     if triton_targets:
         jobs.append({"job_name": "triton", "static_configs": [{"targets": list(triton_targets)}]})
+    if llm_targets:  # the launcher's /metrics: its engines' own, labelled with endpoint and version
+        jobs.append({"job_name": "serving-llm", "static_configs": [{"targets": list(llm_targets)}]})
     return {
         "global": {"scrape_interval": scrape_interval,
                    "evaluation_interval": evaluation_interval or scrape_interval},
@@ -49,7 +51,7 @@ def prometheus_command(config: Path, data_dir: Path, listen: str, binary: str = 
 
 def start_prometheus(workdir: Path, statistics_targets: Sequence[str], listen: str,
                      triton_targets: Sequence[str] = (), scrape_interval: str = "15s",
-                     timeout: float = 60.0) -> subprocess.Popen:
+                     timeout: float = 60.0, llm_targets: Sequence[str] = ()) -> subprocess.Popen:
     """Write the config under ``workdir`` and start Prometheus in its own session (so a
     supervisor can stop it with its process group); returns once it answers ``/-/ready``.
 
@@ -60,7 +62,8 @@ def start_prometheus(workdir: Path, statistics_targets: Sequence[str], listen: s
     if binary is None:
         raise FileNotFoundError("prometheus is not installed (e.g. apt-get install prometheus)")
     config = write_prometheus_config(workdir / "prometheus.yml", statistics_targets,
-                                     triton_targets=triton_targets, scrape_interval=scrape_interval)
+                                     triton_targets=triton_targets, llm_targets=llm_targets,
+                                     scrape_interval=scrape_interval)
     with open(workdir / "prometheus.log", "ab") as log:
         proc = subprocess.Popen(prometheus_command(config, workdir / "data", listen, binary), cwd=workdir,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -23,6 +23,7 @@ import orjson
 from preprocess.base import PreprocessError, UserCodeTimeout
 from serving.worker.dataplane import DataPlane, RequestStats
 from serving.worker.errors import BadRequest, GatewayTimeout, NotFound, ServingError, Unprocessable
+from serving.worker.generation_timing import GenerationTimer
 from serving.worker.runtime import EndpointRuntime, Target
 
 ROUTES = ("chat/completions", "completions", "embeddings")
@@ -95,11 +96,15 @@ class Generation:
                                                           "include_usage": True}}
                 stream = await engine.stream(target, route, upstream)
                 streaming = True
-                return Generated(target, events=self._relay(stream, stats, wants_usage))
+                timer = GenerationTimer(stats.t0, stream=True)
+                return Generated(target, events=self._relay(stream, stats, wants_usage, timer))
             answer = await engine.post(target, route, request)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
             stats.extra["usage"] = _usage(answer.get("usage"))
+            timer = GenerationTimer(stats.t0, stream=False)
+            timer.answered(answer)
+            stats.extra["llm"] = timer.event(stats.extra["usage"])
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
             stats.stage("postprocess")
@@ -121,7 +126,8 @@ class Generation:
             if not streaming:
                 self.dataplane.record(stats, status)
 
-    async def _relay(self, stream: Any, stats: RequestStats, wants_usage: bool) -> AsyncIterator[bytes]:
+    async def _relay(self, stream: Any, stats: RequestStats, wants_usage: bool,
+                     timer: GenerationTimer) -> AsyncIterator[bytes]:
         """Each event on as it comes. The engine is always asked for usage (the statistics need it);
         a client that did not ask gets no usage chunk. A stream the engine breaks ends with an
         OpenAI error event (the status line is long gone)."""
@@ -136,6 +142,7 @@ class Generation:
                     stats.extra["ttft_s"] = time.perf_counter() - stats.t0
                 if event.get("usage"):
                     usage = event["usage"]
+                timer.chunk(event)
                 if not wants_usage:
                     if event.get("usage") and not event.get("choices"):
                         continue
@@ -151,6 +158,7 @@ class Generation:
             await stream.aclose()
             stats.stage("inference")
             stats.extra["usage"] = _usage(usage)
+            stats.extra["llm"] = timer.event(stats.extra["usage"])
             self.dataplane.record(stats, status)
 
 

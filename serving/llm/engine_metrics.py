@@ -1,0 +1,96 @@
+"""The engines' own Prometheus metrics, on the launcher's ``GET /metrics``, labelled with the platform's
+endpoint and model version (docs/llm-statistics.md).
+
+Each ready engine's ``/metrics`` (vLLM's ``vllm:*`` families) is read when Prometheus scrapes the
+launcher, and passed on with ``endpoint`` and ``version`` added: one copy per endpoint that serves the
+engine's model version (an engine is shared by the endpoints serving one version). From its queue gauges
+come ``serving_llm_requests_running`` and ``serving_llm_requests_waiting``, summed over vLLM's own
+engine index, so dashboards and alerts need not know vLLM's names. An engine that does not answer within
+``SCRAPE_TIMEOUT_S`` is left out of that scrape (its series go stale), never the launcher's answer.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Iterator
+
+import httpx
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from serving.llm.engine_process import engine_key
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_S = 2.0
+QUEUE = {"vllm:num_requests_running": "serving_llm_requests_running",
+         "vllm:num_requests_waiting": "serving_llm_requests_waiting"}
+QUEUE_HELP = {"serving_llm_requests_running": "Requests the engine is generating for (vLLM's num_requests_running).",
+              "serving_llm_requests_waiting": "Requests queued in the engine (vLLM's num_requests_waiting)."}
+
+
+def engine_endpoints(snapshot: dict[str, Any]) -> dict[str, list[str]]:
+    """``"<model>:<version>"`` -> the ``vllm`` endpoints (without an external ``url``) that route to it."""
+    out: dict[str, list[str]] = {}
+    endpoints = snapshot.get("endpoints") or {}
+    for name in sorted(endpoints):
+        ep = endpoints[name]
+        if ep.get("engine") != "vllm" or (ep.get("engine_options") or {}).get("url"):
+            continue
+        for t in ep.get("targets") or []:
+            out.setdefault(engine_key(t["model"], int(t["version"])), []).append(name)
+    return out
+
+
+class EngineMetrics:
+    """A prometheus_client collector over the launcher's engines (``view``: ``Launcher.view``)."""
+
+    def __init__(self, view: Callable[[], dict[str, Any]]) -> None:
+        self.view = view
+        self.endpoints: dict[str, list[str]] = {}
+        self.client = httpx.Client(timeout=SCRAPE_TIMEOUT_S)
+
+    def follow(self, snapshot: dict[str, Any]) -> None:
+        self.endpoints = engine_endpoints(snapshot)
+
+    def collect(self) -> Iterator[Metric]:
+        queue = {name: GaugeMetricFamily(name, QUEUE_HELP[name], labels=["endpoint", "version"]) for name in QUEUE_HELP}
+        relabelled: dict[str, Metric] = {}
+        endpoints = self.endpoints
+        for key, engine in sorted(self.view().get("engines", {}).items()):
+            names = endpoints.get(key)
+            if engine.get("state") != "ready" or not names:
+                continue
+            text = self._scrape(key, engine["url"])
+            if text is None:
+                continue
+            version = key.rsplit(":", 1)[1]
+            for family in text_string_to_metric_families(text):
+                self._add(family, names, version, relabelled, queue)
+        yield from relabelled.values()
+        yield from queue.values()
+
+    def _scrape(self, key: str, url: str) -> str | None:
+        base = url.removesuffix("/").removesuffix("/v1")
+        try:
+            r = self.client.get(f"{base}/metrics")
+            r.raise_for_status()
+            return r.text
+        except httpx.HTTPError as exc:
+            log.info("engine %s: no metrics this scrape: %s", key, exc)
+            return None
+
+    @staticmethod
+    def _add(family: Metric, endpoints: list[str], version: str, out: dict[str, Metric],
+             queue: dict[str, GaugeMetricFamily]) -> None:
+        samples = [s for s in family.samples if not s.name.endswith("_created")]  # the start times: noise here
+        if not samples:
+            return
+        copy = out.get(family.name)
+        if copy is None:
+            copy = out[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+        for endpoint in endpoints:
+            copy.samples.extend(Sample(s.name, {**s.labels, "endpoint": endpoint, "version": version}, s.value,
+                                       s.timestamp, s.exemplar) for s in samples)
+            if family.name in QUEUE:
+                queue[QUEUE[family.name]].add_metric([endpoint, version], sum(s.value for s in family.samples))
