@@ -59,6 +59,9 @@ class UserContext:
     send_request: Callable[..., Any] | None = None  # replaces ``Preprocess.send_request``
     timeout_s: float = 60.0  # deadline of one call into user code
     threads: int = 8  # this processor's own threads
+    # False where the engine runs the model elsewhere (vllm): ClearML's vllm ``load`` configures an
+    # engine inside the serving process, which must not be built here; preprocess/postprocess still run
+    call_load: bool = True
 
 
 STEPS = ("preprocess", "process", "postprocess")
@@ -83,7 +86,7 @@ class UserProcessor:
                 self.user.send_request = context.send_request
             load = getattr(self.user, "load", None)
             model_file = str(context.model_file) if context.model_file is not None else None
-            self.loaded = load(model_file) if callable(load) else None
+            self.loaded = load(model_file) if callable(load) and context.call_load else None
         except Exception as exc:
             raise UserCodeError(f"Preprocess() or load() failed: {type(exc).__name__}: {exc}") from exc
         self.has_process = callable(getattr(self.user, "process", None))

@@ -41,6 +41,7 @@ def endpoint_out(ep: Endpoint) -> dict:
     return {
         "name": ep.name, "engine": ep.engine, "preprocess": ep.preprocess, "batching": ep.batching,
         "log_freq": ep.log_freq, "io": ep.io or {}, "auto_update": ep.auto_update or {},
+        "engine_options": ep.engine_options or {},
         "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role}
                     for t in ep.targets],
         "metrics": [{"name": m.name, "kind": m.kind, **m.spec} for m in ep.metrics],

@@ -42,6 +42,7 @@ class Endpoint(Base):
     log_freq: Mapped[float] = mapped_column(Float, default=1.0)
     io: Mapped[dict] = mapped_column(JSON, default=dict)  # declared inputs/outputs, bound by name
     auto_update: Mapped[dict] = mapped_column(JSON, default=dict)  # {"model", "max_versions", "weights"}
+    engine_options: Mapped[dict] = mapped_column(JSON, default=dict)  # engine vllm: checked options (serving/llm)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     targets: Mapped[list["EndpointTarget"]] = relationship(

@@ -39,11 +39,11 @@ class EndpointState(BaseModel):
 
 class ReadinessReport(BaseModel):
     source: str = Field(min_length=1, max_length=200)
-    kind: Literal["worker", "triton"] = "worker"
+    kind: Literal["worker", "triton", "llm"] = "worker"
     gone: bool = False
     revision: int = -1
     endpoints: dict[str, EndpointState] = Field(default_factory=dict)  # workers
-    failures: dict[str, str] = Field(default_factory=dict)  # triton: model name -> why its load failed
+    failures: dict[str, str] = Field(default_factory=dict)  # triton / llm: model name -> why its load failed
 
 
 class ReadinessBook:
@@ -89,8 +89,7 @@ class ReadinessBook:
                 reports: list[tuple[float, ReadinessReport]]) -> dict[str, Any]:
         now = self.clock()
         workers = [_worker_line(r, name, revision, now - at) for at, r in reports if r.kind == "worker"]
-        triton = _triton_failures(spec, [r for _, r in reports if r.kind == "triton"])
-        errors = [w["error"] for w in workers if w["state"] == "failed"] + triton
+        errors = [w["error"] for w in workers if w["state"] == "failed"] + _engine_failures(spec, reports)
         if errors:
             state = "failed"
         elif not workers:
@@ -115,12 +114,23 @@ def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float
     return line
 
 
-def _triton_failures(spec: dict, reports: list[ReadinessReport]) -> list[str]:
-    if spec.get("engine", "triton") != "triton":
-        return []
-    names = {t.get("triton_name") for t in spec.get("targets") or []}
-    return [f"Triton could not load {model}: {why}" for r in reports
-            for model, why in sorted(r.failures.items()) if model in names]
+# a report kind whose failures concern an engine's endpoints: (engine, a target's name there, message)
+FAILURE_REPORTS = {
+    "triton": ("triton", lambda t: t.get("triton_name"), "Triton could not load {model}: {why}"),
+    "llm": ("vllm", lambda t: f"{t.get('model')}:{t.get('version')}", "vLLM engine of {model} failed: {why}"),
+}
+
+
+def _engine_failures(spec: dict, reports: list[tuple[float, ReadinessReport]]) -> list[str]:
+    """Failures the embedded Triton or the LLM launcher (serving/llm/launcher.py) report for this endpoint."""
+    out = []
+    for kind, (engine, target_name, message) in FAILURE_REPORTS.items():
+        if spec.get("engine", "triton") != engine:
+            continue
+        names = {target_name(t) for t in spec.get("targets") or []}
+        out += [message.format(model=model, why=why) for _, r in reports if r.kind == kind
+                for model, why in sorted(r.failures.items()) if model in names]
+    return out
 
 
 def readiness_router(book: ReadinessBook, snapshot: Callable[[], dict]) -> APIRouter:

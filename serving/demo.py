@@ -10,6 +10,8 @@ answers next to version 1's, and stops everything.
 
 ``serving demo --export DIR`` only builds them and writes the files the README's Quick start
 names: DIR/model.onnx (version 1), DIR/model-v2.onnx (version 2) and DIR/tokenizer/.
+``serving demo --export-llm DIR`` writes the tiny Llama of serving/testmodels_llm.py as a Hugging Face
+folder, what the README's LLM quick start uploads (nothing from a model hub).
 """
 from __future__ import annotations
 
@@ -147,6 +149,17 @@ def export(dest: Path) -> dict[str, Path]:
     console.print(f"wrote {files['model.onnx']} (version 1), {files['model-v2.onnx']} (version 2) and "
                   f"{files['tokenizer']}/ (labels {','.join(v1.labels)})")
     return files
+
+
+def export_llm(dest: Path) -> Path:
+    from serving.testmodels_llm import build_tiny_llama
+
+    with console.status("building a tiny Llama (random weights, a tokenizer trained here)"):
+        bundle = build_tiny_llama(dest)
+    files = sorted(p.name for p in bundle.path.iterdir() if not p.name.startswith("."))
+    console.print(f"wrote {bundle.path}/ ({', '.join(files)}): a Hugging Face causal LM folder, "
+                  f"context {bundle.max_model_len} tokens")
+    return bundle.path
 
 
 def run(workers: int = 2, export_dir: Path | None = None) -> None:

@@ -78,6 +78,8 @@ class WorkerSettings(CommonSettings):
     pipeline_url: str | None = None  # send_request to endpoints this worker lacks; default: its own /serve
     extra_python_packages: str = ""  # pip requirements installed at worker start (ClearML's EXTRA_PYTHON_PACKAGES)
     client_keys_required: bool = False  # /serve and /v2 need a client key (serving key create); compose/Helm: true
+    llm_launcher_url: str = "http://127.0.0.1:8004"  # vllm engine: the launcher's /engines map (serving up sets it)
+    llm_timeout_s: float = 600.0  # vllm engine: longest wait for an LLM engine's answer or next streamed bytes
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"
@@ -104,6 +106,23 @@ class TritonSettings(CommonSettings):
     triton_ort_threads: int = 0      # embedded triton: onnxruntime intra-op threads per model; 0: cores
     triton_memory_budget_mb: int = 0  # embedded triton: models' memory (stubs' RSS); 0: no budget, all loaded
     triton_loader_port: int = 8003    # embedded triton: load-on-demand endpoint for workers (with a budget)
+
+
+def bundled_vllm_python() -> Path | None:
+    """scripts/setup.sh's engine venv beside this checkout (``.venv-vllm``), when there is one."""
+    candidate = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return candidate if candidate.exists() else None
+
+
+class LLMSettings(CommonSettings):
+    """`serving llm`: the launcher of the vLLM engines of LLM endpoints (docs/llm-engine.md)."""
+
+    llm_launcher_host: str = "127.0.0.1"
+    llm_launcher_port: int = 8004       # GET /engines: where each engine answers and its state
+    vllm_python: Path | None = Field(default_factory=bundled_vllm_python)  # the vLLM venv's interpreter
+    vllm_kv_cache_gb: float = 1.0       # KV cache per engine on CPU (endpoint option kv_cache_space_gb wins)
+    vllm_start_timeout_s: float = 600.0  # an engine not answering /health by then is restarted
+    llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
 
 
 class StatisticsSettings(CommonSettings):

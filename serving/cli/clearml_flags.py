@@ -23,7 +23,7 @@ VARIADIC = frozenset({
 # ClearML's --framework names -> the registry's
 FRAMEWORK_ALIASES = {"scikit-learn": "sklearn", "scikitlearn": "sklearn", "sklearn": "sklearn", "xgboost": "xgboost",
                      "lightgbm": "lightgbm", "onnx": "onnx", "pytorch": "pytorch", "torch": "pytorch",
-                     "tensorflow": "tensorflow", "keras": "keras", "custom": "custom"}
+                     "tensorflow": "tensorflow", "keras": "keras", "custom": "custom", "hf-causal-lm": "hf-causal-lm"}
 _SUFFIX_FRAMEWORK = {".onnx": "onnx", ".pkl": "sklearn", ".pickle": "sklearn", ".joblib": "sklearn",
                      ".json": "xgboost", ".ubj": "xgboost", ".pt": "pytorch", ".pth": "pytorch"}
 

@@ -52,18 +52,25 @@ class ControlPlane:
 
     def upload_file(self, path: Path, label: str | None = None) -> str:
         """Stream a file to the artifact store with a progress bar; returns its sha256."""
-        size = path.stat().st_size
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+
+        return self.upload_stream(path.stat().st_size, chunks(), label or f"uploading {path.name}")
+
+    def upload_stream(self, size: int, chunks: Iterator[bytes], label: str) -> str:
+        """Stream ``size`` bytes to the artifact store with a progress bar; returns their sha256."""
         with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                       TransferSpeedColumn(), console=err) as progress:
-            task = progress.add_task(label or f"uploading {path.name}", total=size)
+            task = progress.add_task(label, total=size)
 
-            def chunks() -> Iterator[bytes]:
-                with open(path, "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        progress.update(task, advance=len(chunk))
-                        yield chunk
+            def counted() -> Iterator[bytes]:
+                for chunk in chunks:
+                    progress.update(task, advance=len(chunk))
+                    yield chunk
 
-            return self.post("/artifacts", content=chunks(), timeout=600.0)["sha256"]
+            return self.post("/artifacts", content=counted(), timeout=600.0)["sha256"]
 
     def upload_dir(self, path: Path) -> str:
         """Tokenizer directories travel as one deterministic tar.gz artifact."""

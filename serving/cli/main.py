@@ -34,7 +34,8 @@ app.add_typer(keys.key_app, name="key")
 app.command()(tokens.login)
 app.command()(tokens.audit)
 app.add_typer(rollout_app, name="rollout")
-for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.statistics):
+for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.llm,
+                processes.statistics):
     app.command()(command)
 app.command("control-plane")(processes.control_plane)
 

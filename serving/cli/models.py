@@ -10,6 +10,7 @@ import typer
 
 from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
+from serving.cli.hf_folder import is_llm_folder, upload_folder
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
 from serving.cli.triton_upload import triton_onnx_file, triton_upload, upload_triton
@@ -28,11 +29,13 @@ def plane(ctx: typer.Context) -> ControlPlane:
 def upload(
     ctx: typer.Context,
     name: str = typer.Option(..., "--name", help="model name; each upload adds the next version"),
-    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...) or a Triton "
-                                                               "model folder / file (docs/serving.md)"),
+    path: Path = typer.Option(..., "--path", exists=True, help="model file (ONNX, joblib, xgboost, ...), a Triton "
+                                                               "model folder / file (docs/serving.md), or a Hugging "
+                                                               "Face causal LM folder (engine vllm)"),
     framework: Optional[str] = typer.Option(None, help="onnx | sklearn (scikit-learn) | xgboost | lightgbm | pytorch | "
-                                                      "tensorflow | custom, or a Triton format: tensorrt | torchscript "
-                                                      "| savedmodel | openvino | python (default: from the file)"),
+                                                      "tensorflow | custom | hf-causal-lm, or a Triton format: tensorrt "
+                                                      "| torchscript | savedmodel | openvino | python (default: from "
+                                                      "the file; a causal LM folder: hf-causal-lm)"),
     project: Optional[str] = typer.Option(None, hidden=True, help="ClearML Serving's; models are not grouped here"),
     tag: list[str] = typer.Option([], "--tag", "--tags", help="repeatable"),
     metadata: Optional[str] = typer.Option(None, help="JSON object stored with the version"),
@@ -41,16 +44,18 @@ def upload(
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
 ) -> None:
-    """Upload a model file (with a progress bar) and register it as a new version.
+    """Upload a model file, a Hugging Face causal LM folder, or a Triton model (with a progress bar) as a
+    new version.
 
     A Triton model goes as users have it: its model folder (config.pbtxt and a version directory), or
     one model file or folder whose format is read from it (model.plan, model.pt, model.savedmodel/,
     model.xml with its .bin, model.py)."""
-    triton = triton_upload(path, framework)
+    llm = is_llm_folder(path, framework)
+    triton = None if llm else triton_upload(path, framework)
     if triton is not None and triton.name == "onnx":  # the platform writes ONNX models' config.pbtxt itself
         path, framework = triton_onnx_file(path), "onnx"
         triton = None
-    if triton is None:
+    if triton is None and not llm:
         _refuse_unservable(path, framework)
     cp = plane(ctx)
     try:
@@ -58,9 +63,13 @@ def upload(
     except ValueError as exc:
         raise typer.BadParameter(f"--metadata is not valid JSON: {exc}")
     if optimize:
+        if llm:
+            raise typer.BadParameter("--optimize is for ONNX models; vLLM runs the folder as it is")
         path, report = _optimized(path, optimize, num_heads, hidden_size)
         meta.update(report)
-    if triton is not None:
+    if llm:
+        sha, framework = upload_folder(cp, path), "hf-causal-lm"
+    elif triton is not None:
         sha, framework = upload_triton(cp, path, triton), triton.name
     else:
         sha, framework = cp.upload_file(path), framework_for(path, framework)
@@ -146,7 +155,7 @@ def parse_percent(text: str | None) -> float | None:
     return value
 
 
-_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async"
+_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async | vllm"
 
 
 @app.command()
@@ -178,7 +187,8 @@ def add(
     output_type: list[str] = typer.Option([], help="numpy dtype per output"),
     output_size: list[str] = typer.Option([], help="dims per output"),
     aux_config: list[str] = typer.Option([], help="ClearML's config.pbtxt key=value: max_batch_size, "
-                                                   "dynamic_batching.*, any other config.pbtxt field"),
+                                                   "dynamic_batching.*, any other config.pbtxt field; engine "
+                                                   "vllm: its options, e.g. max_model_len=512 (docs/llm-engine.md)"),
     requirements: list[str] = typer.Option([], "--requirements", "--packages",
                                            help="pip requirements preprocess.py imports, installed by the workers"),
     tags: list[str] = typer.Option([], "--tags", help="pick the newest version of --model with these tags"),
@@ -210,7 +220,8 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
-    for note in aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config")):
+    for note in ([] if engine == "vllm" else
+                 aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config"))):
         console.print(f"note: {note}")
     for skip in (ep.get("auto_update") or {}).get("skipped") or ():
         console.print(f"note: skipped version {skip['version']}: {skip['reason']}")

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from serving.settings import (
-    ControlPlaneSettings, StatisticsSettings, TritonSettings, WorkerSettings, default_home,
+    ControlPlaneSettings, LLMSettings, StatisticsSettings, TritonSettings, WorkerSettings, default_home,
 )
 from serving.cli.readiness import state_text
 from serving.supervisor import Child, Supervisor
@@ -43,6 +43,13 @@ def triton() -> None:
     run_embedded_triton(TritonSettings())
 
 
+def llm() -> None:
+    """Run the LLM launcher: one vLLM OpenAI server per model version deployed with --engine vllm (supervised)."""
+    from serving.llm.main import run_launcher
+
+    run_launcher(LLMSettings())
+
+
 def statistics() -> None:
     """Run the statistics service: events in, Prometheus metrics and drift scores out."""
     from serving.statistics.service import run_statistics_service
@@ -60,6 +67,7 @@ def stack_env(home: str, workers_port: int) -> dict[str, str]:
     if tr.triton_memory_budget_mb > 0:  # only then does the embedded Triton listen for load requests
         env.setdefault("SERVING_TRITON_LOADER_URL", f"http://127.0.0.1:{tr.triton_loader_port}")
     env["SERVING_WORKER_PORT"] = str(workers_port)
+    env.setdefault("SERVING_LLM_LAUNCHER_URL", f"http://127.0.0.1:{LLMSettings().llm_launcher_port}")
     return env
 
 
@@ -69,11 +77,14 @@ def up(
     grpc_port: int = typer.Option(None, help="workers' gRPC port (default SERVING_WORKER_GRPC_PORT or 9091; 0: off)"),
     home: Optional[str] = typer.Option(None, help="state directory (default SERVING_HOME or ~/.serving)"),
     with_triton: bool = typer.Option(True, "--triton/--no-triton", help="start the embedded Triton"),
+    with_llm: bool = typer.Option(True, "--llm/--no-llm", help="start the LLM launcher (vLLM engines of "
+                                                               "--engine vllm endpoints)"),
     prometheus: bool = typer.Option(False, "--prometheus/--no-prometheus",
                                     help="also start Prometheus (if installed) scraping statistics and Triton"),
     prometheus_port: int = typer.Option(9092, help="Prometheus web port (9090 and 9091: the workers' HTTP and gRPC)"),
 ) -> None:
-    """Start control plane, statistics, embedded Triton and N workers, restart any that crashes; Ctrl-C stops them all.
+    """Start control plane, statistics, embedded Triton, the LLM launcher and N workers, restart any that crashes;
+    Ctrl-C stops them all.
 
     A child that exits is started again after a backoff (0.5 s doubling to 10 s); `up` gives up
     and stops everything only when one crashes 5 times within 60 s.
@@ -90,6 +101,8 @@ def up(
         sup.start(Child("statistics", ["statistics"], f"http://127.0.0.1:{st.statistics_port}/health"))
         if with_triton:
             sup.start(Child("triton", ["triton"], f"http://127.0.0.1:{tr.triton_http_port}/v2/health/live"), 120)
+        if with_llm:
+            sup.start(Child("llm", ["llm"], f"http://127.0.0.1:{LLMSettings().llm_launcher_port}/health"))
         sup.start(Child("worker", ["worker", "--workers", str(workers)], f"http://127.0.0.1:{port}/v2/health/live"))
         if prometheus:
             _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port)
@@ -157,10 +170,17 @@ def status(ctx: typer.Context,
 def demo(workers: int = typer.Option(2, help="worker processes"),
          export: Optional[Path] = typer.Option(None, "--export", file_okay=False, metavar="DIR",
                                                help="only write the demo's model files into DIR (model.onnx, "
-                                                    "model-v2.onnx, tokenizer/), as the README's Quick start uses them")) -> None:
+                                                    "model-v2.onnx, tokenizer/), as the README's Quick start uses them"),
+         export_llm: Optional[Path] = typer.Option(None, "--export-llm", file_okay=False, metavar="DIR",
+                                                   help="only write a tiny Llama (random weights, a tokenizer trained "
+                                                        "here, a chat template) into DIR as a Hugging Face folder, as "
+                                                        "the README's LLM quick start uploads it")) -> None:
     """The main job: build a real model, start the stack, deploy, query, canary, stop."""
-    from serving.demo import run
+    from serving.demo import export_llm as write_llm, run
 
+    if export_llm is not None:
+        write_llm(export_llm)
+        return
     run(workers, export)
 
 

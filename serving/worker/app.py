@@ -26,7 +26,9 @@ from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError
 from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
+from serving.worker.frontends.openai import openai_router
 from serving.worker.frontends.v2 import v2_router
+from serving.worker.generation import Generation
 from serving.worker.pipeline import RequestSender
 from serving.worker.stats_exchange import StatsExchange, group
 
@@ -133,6 +135,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
                       user_timeout_s=settings.user_code_timeout_s)
     dataplane = sender.dataplane = DataPlane(sync, engines, recorder)
     dataplane.keys.required = settings.client_keys_required
+    generation = sender.generation = Generation(dataplane)  # LLM endpoints' path (OpenAI front end, send_request)
     sync.listeners.insert(0, dataplane.keys.apply_snapshot)  # the keys of each pushed config, first
 
     @asynccontextmanager
@@ -170,6 +173,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app.add_middleware(LastResort, counts=counts)  # added last: outside ServeRoute
     _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
+    app.include_router(openai_router(generation, settings.max_body_bytes))
 
     @app.get("/status")
     def status() -> dict:

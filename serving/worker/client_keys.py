@@ -104,12 +104,7 @@ class ClientKeys:
         Raises Unauthorized (401), Forbidden (403) or TooManyRequests (429, Retry-After)."""
         if not self.required:
             return None
-        if not key:
-            self._refuse(endpoint, MISSING, None, Unauthorized(
-                "a client key is required: send 'Authorization: Bearer <key>' (serving key create)"))
-        spec = self._by_hash.get(secret_sha256(key))
-        if spec is None:
-            self._refuse(endpoint, INVALID, None, Unauthorized("invalid or revoked client key"))
+        spec = self._known(key, endpoint)
         if spec.endpoints is not None and endpoint not in spec.endpoints:
             allowed = ", ".join(sorted(spec.endpoints))
             self._refuse(endpoint, SCOPE, spec.name, Forbidden(
@@ -128,6 +123,22 @@ class ClientKeys:
         if not self.required:
             return None
         return self.check(bearer(authorization), endpoint)
+
+    def scope(self, authorization: str | None) -> frozenset[str] | None:
+        """The endpoints the key may call, for listings (None: all, or keys not required); a missing or
+        unknown key is refused as :meth:`check` refuses it."""
+        if not self.required:
+            return None
+        return self._known(bearer(authorization), "").endpoints
+
+    def _known(self, key: str | None, endpoint: str) -> KeySpec:
+        if not key:
+            self._refuse(endpoint, MISSING, None, Unauthorized(
+                "a client key is required: send 'Authorization: Bearer <key>' (serving key create)"))
+        spec = self._by_hash.get(secret_sha256(key))
+        if spec is None:
+            self._refuse(endpoint, INVALID, None, Unauthorized("invalid or revoked client key"))
+        return spec
 
     def _take(self, spec: KeySpec) -> float:
         now = self.clock()

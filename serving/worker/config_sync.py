@@ -164,7 +164,8 @@ class ConfigSync:
         engine = self.engines.get(engine_name)
         if engine is None:
             raise ValueError(f"unknown engine {engine_name!r}; one of {', '.join(self.engines)}")
-        targets = tuple(Target.from_snapshot(t, spec.get("batching")) for t in spec.get("targets") or ())
+        targets = tuple(Target.from_snapshot(t, spec.get("batching"), spec.get("engine_options"))
+                        for t in spec.get("targets") or ())
         if not targets:
             if engine_name not in ("custom", "custom_async"):
                 raise ValueError("the endpoint has no model version")
@@ -207,7 +208,8 @@ class ConfigSync:
         if pre.get("kind") == "user":
             context = UserContext(model_file=model_file, endpoint=_model_endpoint(endpoint, engine, target, pre, io),
                                   send_request=self.sender.for_engine(engine) if self.sender else None,
-                                  timeout_s=self.user_timeout_s)
+                                  timeout_s=self.user_timeout_s,
+                                  call_load=getattr(self.engines.get(engine), "calls_user_load", True))
         processor = build_processor(pre, self.artifact_path, self.unpack_root, context)
         if cached is not None:
             self._retiring.append(cached[1])

@@ -53,6 +53,7 @@ class _Stats:
     client: str | None = None  # the client key's name (never the key), when keys are required
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # more event fields (an LLM request's usage, ttft_s)
     _mark: float = 0.0
 
     def __post_init__(self) -> None:
@@ -66,6 +67,9 @@ class _Stats:
     def collect(self, values: dict) -> None:
         if isinstance(values, dict):
             self.custom.update(values)
+
+
+RequestStats = _Stats  # for the request paths composed with the data plane (generation.py)
 
 
 class DataPlane:
@@ -113,6 +117,9 @@ class DataPlane:
                     client: str | None = None) -> Answer:
         """A request body in, the postprocessed answer out (``/serve``); ``client``: the key's name."""
         ep = self.endpoint(name)
+        if self.engines[ep.engine].kind == "llm":  # generation.py's path, through the OpenAI front end
+            raise BadRequest(f"endpoint {name!r} serves an LLM: call it with OpenAI's API at /serve/openai/v1/"
+                             f"chat/completions or /completions, model {name!r} (docs/llm.md)")
         target = self.route(ep, version, routing_key)
         copies = self.shadow.pick(ep, body) if version is None else None
         stats = _Stats(ep.name, version=target.version, client=client)
@@ -196,6 +203,10 @@ class DataPlane:
             inputs = to_model_inputs(data, fallback.inputs, ep.declared_inputs)
             return fallback, await engine.infer(fallback, inputs, pad)
 
+    def record(self, stats: "RequestStats", status: int) -> None:
+        """The one statistics event of a request another path served (generation.py)."""
+        self._record(stats, status)
+
     def reject(self, name: str, status: int, client: str | None = None) -> None:
         """Count a request a front end refused before inference (bad JSON, body too large), so error
         rates include it; requests for unknown endpoints are not counted (no label to give them)."""
@@ -225,4 +236,5 @@ class DataPlane:
                  "stages": stats.stages, "custom": stats.custom}
         if stats.client is not None:
             event["key"] = stats.client
+        event.update(stats.extra)
         self.recorder.record(event)

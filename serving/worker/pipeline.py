@@ -7,6 +7,11 @@ request (its statistics are recorded like any request's, without a socket or JSO
 round trip); any other goes over HTTP to ``pipeline_url`` (the workers' ``/serve``).
 The blocking form is for ``custom`` user code running on threads, the coroutine for
 ``custom_async``.
+
+As in ClearML Serving, ``send_request(endpoint="chat/completions", data={"model": ..., "messages": [...]})``
+(or ``"completions"``) calls the LLM endpoint ``data["model"]`` names and returns the OpenAI answer
+as a dict (never a stream): in-process through generation.py, or over HTTP to the workers'
+``/serve/openai/v1``.
 """
 from __future__ import annotations
 
@@ -16,7 +21,13 @@ from typing import Any
 
 import httpx
 
+from serving.worker.generation import split_model
+from serving.worker.openai_schema import checked
+
 log = logging.getLogger(__name__)
+
+
+OPENAI_ROUTES = ("chat/completions", "completions")
 
 
 def _parse(endpoint: str, version: Any) -> tuple[str, int | None, str]:
@@ -32,9 +43,12 @@ class RequestSender:
         self.pipeline_url = pipeline_url.rstrip("/")
         self.timeout_s = timeout_s
         self.dataplane: Any = None  # set once the data plane exists (it needs the config this feeds)
+        self.generation: Any = None  # its LLM path (generation.py), set with it
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's event loop, set at start
 
     async def send(self, endpoint: str, version: Any = None, data: Any = None) -> Any:
+        if endpoint.strip("/") in OPENAI_ROUTES:
+            return await self._generate(endpoint.strip("/"), data)
         name, pinned, path = _parse(endpoint, version)
         try:
             if self.dataplane is not None and name in self.dataplane.config.current.endpoints:
@@ -44,6 +58,21 @@ class RequestSender:
             return r.json() if r.is_success else None
         except Exception as exc:  # ClearML's contract: None on any failure; the caller decides
             log.info("send_request to %s failed: %s", path, exc)
+            return None
+
+    async def _generate(self, route: str, data: Any) -> Any:
+        try:
+            request = {**checked(route, data), "stream": False}
+            request.pop("stream_options", None)
+            local = self.dataplane.config.current.endpoints if self.dataplane is not None else {}
+            if self.generation is not None and split_model(request["model"])[0] in local:
+                return (await self.generation.run(route, request)).body
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                r = await client.post(f"{self.pipeline_url}/openai/v1/{route}", json=request)
+            return r.json() if r.is_success else None
+        except Exception as exc:  # ClearML's contract: None on any failure
+            log.info("send_request to %s for model %r failed: %s", route, (data or {}).get("model")
+                     if isinstance(data, dict) else None, exc)
             return None
 
     def send_blocking(self, endpoint: str, version: Any = None, data: Any = None) -> Any:

@@ -30,15 +30,21 @@ class Target:
     role: str = "stable"  # stable | canary | shadow (weight: percent of requests copied to it, never answered)
     framework: str = ""  # the model's format (the snapshot's); for an upload of unknown format, the Triton
     # format its endpoint's --aux-config platform/backend named (serving/triton/model_formats.py)
+    # LLM endpoints (engine vllm): the endpoint's engine options and the signature's "llm" entry
+    # (max_model_len, architectures, chat_template); not part of the target's identity
+    engine_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    llm: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None) -> "Target":
+    def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None,
+                      engine_options: dict[str, Any] | None = None) -> "Target":
         sig = t.get("signature") or {}
         return cls(model=t["model"], version=int(t["version"]), weight=float(t.get("weight", 0)),
-                   triton_name=t["triton_name"], artifact=t.get("artifact", ""),
+                   triton_name=t.get("triton_name") or "", artifact=t.get("artifact", ""),
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
                    max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"),
-                   framework=_format(t.get("framework"), batching))
+                   framework=_format(t.get("framework"), batching),
+                   engine_options=dict(engine_options or {}), llm=dict(sig.get("llm") or {}))
 
     @property
     def shadow(self) -> bool:

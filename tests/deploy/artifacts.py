@@ -22,6 +22,7 @@ VALUES_FILES = {
     "gpu": CHART / "ci" / "gpu-values.yaml",
     "external-db": CHART / "ci" / "external-db-values.yaml",
     "autoscaling": CHART / "ci" / "autoscaling-values.yaml",
+    "llm": CHART / "ci" / "llm-values.yaml",
 }
 RELEASE, NAMESPACE = "demo", "ml"
 KUBE_VERSION = "1.30.0"  # the oldest Kubernetes we validate against (chart kubeVersion: >=1.25)

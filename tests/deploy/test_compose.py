@@ -19,7 +19,7 @@ from tests.deploy.artifacts import DEPLOY, REPO, compose, compose_env, host_port
 from tests.deploy.compose_env import InterpolationError, interpolate_str
 from tests.support.ci import cannot_run
 
-FILES = ["docker-compose.yml", "docker-compose.gpu.yml"]
+FILES = ["docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.llm.yml"]
 OUR_SERVICES = ("control-plane", "worker", "statistics")
 
 
@@ -214,3 +214,21 @@ def test_grafana_gets_the_shipped_provisioning_and_dashboards():
     host, port = host_port(datasource["url"])
     assert host in doc["services"] and "--config.file=/etc/prometheus/prometheus.yml" in doc["services"][host]["command"]
     assert port == 9090  # Prometheus's listen port inside its container
+
+
+def test_llm_override_runs_vllms_image_on_the_gpu_as_an_external_engine():
+    """The workers reach it as vllm:8000 (an endpoint's url); its folder is the one registered."""
+    services = compose("docker-compose.llm.yml")["services"]
+    assert set(services) == {"vllm"}
+    vllm = services["vllm"]
+    assert vllm["image"].startswith("vllm/vllm-openai:v")
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in vllm["command"])
+    assert args["port"] == "8000" and args["host"] == "0.0.0.0" and args["model"] == "/models/llm"
+    assert mounts(vllm)["/models/llm"] == compose_env()["LLM_MODEL_DIR"]
+    assert args["served-model-name"] == compose_env()["LLM_SERVED_MODEL_NAME"]
+    assert host_port(vllm["ports"][0].rsplit(":", 1)[0]) == ("127.0.0.1", int(compose_env()["VLLM_PORT"]))
+    from serving.llm.checks import check_options
+
+    assert check_options({"url": "http://vllm:8000/v1", "served_model_name": args["served-model-name"]})

@@ -77,6 +77,28 @@ def test_no_gpu_by_default_one_gpu_for_triton_with_gpu_values():
     assert gpus("gpu") == {"control-plane": None, "worker": None, "statistics": None, "triton": 1}
 
 
+def test_llm_values_run_vllms_image_on_a_gpu_as_an_external_engine():
+    """No LLM engine by default; with llm.enabled, vLLM's own image requests nvidia.com/gpu, serves the claim's
+    folder under the configured name, and its Service is the url an endpoint's engine options name."""
+    assert not [d for d in find(manifests("default"), "Deployment") if d["metadata"]["name"].endswith("-llm")]
+    docs = manifests("llm")
+    (deployment,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == "demo-serving-llm"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].startswith("vllm/vllm-openai:v")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    args = dict(a.removeprefix("--").split("=", 1) for a in container["args"])
+    assert args["model"] == "/models/my-llm" and args["served-model-name"] == "my-llm"
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
+    assert claims["model"] == "llm-models"
+    (service,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == "demo-serving-llm"]
+    port = service["spec"]["ports"][0]["port"]
+    assert port == int(args["port"])
+    from serving.llm.checks import check_options
+
+    assert check_options({"url": f"http://demo-serving-llm:{port}/v1", "served_model_name": "my-llm"})
+
+
 def test_autoscaling_values_add_an_hpa_for_the_workers_only():
     assert not find(manifests("default"), "HorizontalPodAutoscaler")
     docs = manifests("autoscaling")

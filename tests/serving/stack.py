@@ -71,6 +71,14 @@ class Stack:
         self.start(f"worker{i}", ["worker"], f"http://127.0.0.1:{port}/v2/health/live",
                    {"SERVING_WORKER_PORT": str(port), "SERVING_WORKER_CACHE": str(self.home / f"worker{i}.json")})
 
+    def start_llm(self) -> None:
+        """The LLM launcher (`serving llm`): vLLM engines of --engine vllm endpoints (serving/llm/)."""
+        self.start("llm", ["llm"], f"{self.llm_launcher_url}/health")
+
+    @property
+    def llm_launcher_url(self) -> str:
+        return self.env["SERVING_LLM_LAUNCHER_URL"]
+
     def statistics_url(self) -> str:
         return f"http://127.0.0.1:{self.env['SERVING_STATISTICS_PORT']}"
 
@@ -125,7 +133,7 @@ class Stack:
 
 def make_stack(home: Path, workers: int = 2) -> Stack:
     home.mkdir(parents=True, exist_ok=True)
-    ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats", "loader")}
+    ports = {k: free_port() for k in ("cp", "http", "grpc", "metrics", "stats", "loader", "llm")}
     inherited = {k: v for k, v in os.environ.items()  # tokens come from the control plane's files under home
                  if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN", "SERVING_WORKER_TOKEN")}
     env = {
@@ -138,6 +146,8 @@ def make_stack(home: Path, workers: int = 2) -> Stack:
         "SERVING_TRITON_LOADER_PORT": str(ports["loader"]),
         "SERVING_TRITON_LOADER_URL": f"http://127.0.0.1:{ports['loader']}",
         "SERVING_STATISTICS_PORT": str(ports["stats"]),
+        "SERVING_LLM_LAUNCHER_PORT": str(ports["llm"]),
+        "SERVING_LLM_LAUNCHER_URL": f"http://127.0.0.1:{ports['llm']}",
         "PYTHONUNBUFFERED": "1",
     }
     return Stack(home=home, env=env, worker_ports=[free_port() for _ in range(workers)])

@@ -26,10 +26,10 @@ def test_serving_up_from_a_directory_holding_a_serving_folder(tmp_path):
     project = tmp_path / "project"
     (project / "serving").mkdir(parents=True)
     (project / "serving" / "model_card.md").write_text("a user's own folder, not a package\n")
-    ports = {k: free_port() for k in ("cp", "worker", "stats")}
+    ports = {k: free_port() for k in ("cp", "worker", "stats", "llm")}
     env = {**os.environ, "SERVING_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1",
            "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]), "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
-           "SERVING_STATISTICS_PORT": str(ports["stats"])}
+           "SERVING_STATISTICS_PORT": str(ports["stats"]), "SERVING_LLM_LAUNCHER_PORT": str(ports["llm"])}
     env.pop("PYTHONPATH", None)
     env.pop("PYTHONSAFEPATH", None)
     serving_script = Path(sys.executable).with_name("serving")

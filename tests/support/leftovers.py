@@ -86,14 +86,17 @@ def _own_resource_tracker(proc: psutil.Process, own: int) -> bool:
         return False
 
 
-def _mapped_shm() -> set[str]:
-    """Names under /dev/shm that a live process has open or mapped."""
-    names: set[str] = set()
+def _mapped_shm() -> set[str | int]:
+    """Names under /dev/shm that a live process has open or mapped, and the inodes mapped there: a
+    POSIX semaphore (``sem_open``, e.g. multiprocessing's locks, which vLLM's workers open by name
+    while starting) is mapped under a temporary name that is gone, so only its inode tells it."""
+    names: set[str | int] = set()
     for pid in psutil.pids():
         try:
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                 if "/dev/shm/" in line:
                     names.add(line.rsplit("/dev/shm/", 1)[1].split(" ")[0])
+                    names.add(int(line.split()[4]))
             for fd in Path(f"/proc/{pid}/fd").iterdir():
                 target = os.readlink(fd)
                 if target.startswith("/dev/shm/"):
@@ -141,7 +144,8 @@ def collect(base: Baseline) -> list[str]:
         for name in sorted(new_shm - mapped):
             path = SHM / name
             try:
-                if path.stat().st_mtime < base.started:
+                stat = path.stat()
+                if stat.st_mtime < base.started or stat.st_ino in mapped:
                     continue
                 path.unlink()
             except OSError:

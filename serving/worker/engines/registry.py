@@ -17,6 +17,7 @@ FACTORIES: dict[str, str] = {
     "lightgbm": "serving.worker.engines.lightgbm:create",
     "custom": "serving.worker.engines.custom:create",
     "custom_async": "serving.worker.engines.custom:create_async",
+    "vllm": "serving.worker.engines.vllm:create",
 }
 
 

@@ -1,0 +1,239 @@
+"""Engine ``vllm``: generation runs in vLLM's own OpenAI server, a process apart; the worker is its client.
+
+The worker keeps what it does for every endpoint (routing, keys, preprocess, statistics:
+serving/worker/generation.py) and forwards the OpenAI request over HTTP (httpx, one pooled client
+per worker process). Where a version's engine is:
+
+- external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``), its
+  model named ``served_model_name`` there (default: the model's name);
+- embedded: the launcher (``serving llm``, started by ``serving up``) runs one vLLM server per model
+  version and maps ``"<model>:<version>"`` to its URL and state at ``SERVING_LLM_LAUNCHER_URL/engines``.
+  The map is asked again at most once a second, and at once after a connection to an engine failed
+  (a restarted engine comes back on another port).
+
+The request's ``model`` (what the client named: the endpoint, or ``endpoint/version``) is rewritten
+to the engine's served name on the way in, and back in answers and the engine's error messages. An
+engine that does not answer is a 503 with ``Retry-After``; what the engine refuses keeps its status and its OpenAI error (:class:`EngineRefused`).
+Closing a stream (the client went away) closes the upstream connection, and vLLM aborts the generation.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterable
+
+import httpx
+import orjson
+
+from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
+from serving.worker.llm_tokens import PromptCounter
+from serving.worker.runtime import Target
+
+MAP_TTL_S = 1.0  # how long the launcher's map is reused
+RETRY_AFTER_S = 2
+
+
+class EngineRefused(ServingError):
+    """The engine answered with an error: its status and its OpenAI ``error`` object, passed on."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        super().__init__(str(error.get("message") or "the engine refused the request"))
+        self.status, self.error = status, error
+
+
+@dataclass(frozen=True)
+class Upstream:
+    url: str                # the engine's OpenAI base URL, ending in /v1
+    served_model_name: str  # the model's name at the engine
+
+
+def served_name(target: Target) -> str:
+    return f"{target.model}:{target.version}"
+
+
+class VllmEngine:
+    kind = "llm"            # the data plane's generation path (generation.py), not infer() or run()
+    calls_user_load = False  # ClearML's vllm preprocess builds its engine in load(): never here (docs/llm.md)
+
+    def __init__(self, launcher_url: str, timeout_s: float, counter: PromptCounter) -> None:
+        self.launcher_url = launcher_url.rstrip("/")
+        self.timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self.tokens = counter
+        self._client: httpx.AsyncClient | None = None
+        self._map: dict[str, Any] = {}
+        self._map_at = 0.0
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:  # in the worker's event loop, on first use
+            self._client = httpx.AsyncClient(timeout=self.timeout, headers={"content-type": "application/json"},
+                                             limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=64))
+        return self._client
+
+    # --- engine interface -------------------------------------------------------------
+    def prepare(self, target: Target) -> None:
+        self.tokens.prepare(target)
+
+    def retain(self, targets: Iterable[Target]) -> None:
+        self.tokens.retain(targets)
+
+    def is_ready(self, target: Target) -> bool:
+        """From the readiness gate's thread: external engines by their /health, embedded ones by the
+        launcher's state (``ready`` once the engine's /health answered)."""
+        try:
+            url = target.engine_options.get("url")
+            if url:
+                return httpx.get(_health(url), timeout=2.0).status_code == 200
+            entry = httpx.get(f"{self.launcher_url}/engines", timeout=2.0).json()["engines"].get(served_name(target))
+            return bool(entry) and entry.get("state") == "ready"
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+
+    async def ready(self, target: Target) -> bool:
+        return await asyncio.to_thread(self.is_ready, target)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    # --- where a version's engine is ----------------------------------------------------
+    async def upstream(self, target: Target) -> Upstream:
+        options = target.engine_options
+        if options.get("url"):
+            return Upstream(str(options["url"]).rstrip("/"), str(options.get("served_model_name") or target.model))
+        name = served_name(target)
+        entry = (await self._engines(fresh=False)).get(name) or (await self._engines(fresh=True)).get(name)
+        if not entry:
+            raise Unavailable(f"no LLM engine runs model {name} yet (the launcher at {self.launcher_url} "
+                              "has not started it)", retry_after_s=RETRY_AFTER_S)
+        if entry.get("state") != "ready":
+            why = f": {entry['error']}" if entry.get("error") else ""
+            raise Unavailable(f"the LLM engine of model {name} is {entry.get('state')}{why}",
+                              retry_after_s=RETRY_AFTER_S)
+        return Upstream(str(entry["url"]).rstrip("/"), str(entry.get("served_model_name") or name))
+
+    async def _engines(self, fresh: bool) -> dict[str, Any]:
+        if not fresh and time.monotonic() - self._map_at < MAP_TTL_S:
+            return self._map
+        try:
+            r = await self.client().get(f"{self.launcher_url}/engines", timeout=5.0)
+            self._map = dict(r.json()["engines"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            raise Unavailable(f"the LLM launcher at {self.launcher_url} does not answer ({type(exc).__name__})",
+                              retry_after_s=RETRY_AFTER_S) from None
+        self._map_at = time.monotonic()
+        return self._map
+
+    # --- requests ---------------------------------------------------------------------------
+    async def post(self, target: Target, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A non-streaming call (``route``: ``chat/completions``, ``completions``, ``embeddings``);
+        ``body["model"]``: the client's name of the model, put back in the answer."""
+        up = await self.upstream(target)
+        try:
+            r = await self.client().post(f"{up.url}/{route}", content=_encode(body, up))
+        except httpx.TimeoutException:
+            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
+                                 f"{self.timeout.read:g} s") from None
+        except httpx.HTTPError as exc:
+            raise self._down(target, exc) from None
+        if r.status_code != 200:
+            raise _refused(r.status_code, r.content, up, target, body["model"])
+        return _decode(r.content, up, target, body["model"])
+
+    async def stream(self, target: Target, route: str, body: dict[str, Any]) -> "EngineStream":
+        """Open a streaming call; an error before the first event is raised here, with its status."""
+        up = await self.upstream(target)
+        client = self.client()
+        try:
+            response = await client.send(client.build_request("POST", f"{up.url}/{route}", content=_encode(body, up)),
+                                         stream=True)
+        except httpx.TimeoutException:
+            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
+                                 f"{self.timeout.read:g} s") from None
+        except httpx.HTTPError as exc:
+            raise self._down(target, exc) from None
+        if response.status_code != 200:
+            try:
+                raw = await response.aread()
+            finally:
+                await response.aclose()
+            raise _refused(response.status_code, raw, up, target, body["model"])
+        return EngineStream(response, up, body["model"], lambda exc: self._down(target, exc))
+
+    def _down(self, target: Target, exc: Exception) -> Unavailable:
+        self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
+        return Unavailable(f"the LLM engine of model {served_name(target)} is not answering "
+                           f"({type(exc).__name__}: {brief(exc) or 'connection failed'})", retry_after_s=RETRY_AFTER_S)
+
+
+class EngineStream:
+    """An engine's Server-Sent Events, one parsed event at a time (``None`` for ``[DONE]``), with the
+    model's name rewritten back; closing it closes the upstream connection."""
+
+    def __init__(self, response: httpx.Response, up: Upstream, public: str,
+                 down: Callable[[Exception], Unavailable]) -> None:
+        self.response, self.up, self.public, self.down = response, up, public, down
+
+    async def events(self) -> AsyncIterator[dict[str, Any] | None]:
+        try:
+            async for line in self.response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    yield None
+                    continue
+                event = orjson.loads(data)
+                if isinstance(event, dict):
+                    if event.get("model") == self.up.served_model_name:
+                        event["model"] = self.public
+                    yield event
+        except httpx.TimeoutException as exc:
+            raise self.down(exc) from None
+        except httpx.HTTPError as exc:
+            raise self.down(exc) from None
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+def _health(base_url: str) -> str:
+    root = base_url.rstrip("/")
+    return (root[:-3] if root.endswith("/v1") else root) + "/health"
+
+
+def _encode(body: dict[str, Any], up: Upstream) -> bytes:
+    return orjson.dumps({**body, "model": up.served_model_name})
+
+
+def _decode(raw: bytes, up: Upstream, target: Target, public: str) -> dict[str, Any]:
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadGateway(f"the LLM engine of {served_name(target)} answered something that is not JSON") from None
+    if isinstance(answer, dict) and answer.get("model") == up.served_model_name:
+        answer["model"] = public
+    return answer
+
+
+def _refused(status: int, raw: bytes, up: Upstream, target: Target, public: str) -> ServingError:
+    try:
+        error = orjson.loads(raw).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    if not isinstance(error, dict):
+        if status == 404:  # the route itself: vLLM serves embeddings for embedding (pooling) models only
+            return BadRequest(f"model {public} does not serve this route: its engine runs a model of another "
+                              "kind (embeddings need an embedding model)")
+        error = {"message": brief(raw.decode(errors="replace")) or f"HTTP {status}"}
+    if status >= 500:
+        return BadGateway(f"the LLM engine of {served_name(target)} failed: {error.get('message')}")
+    error["message"] = str(error.get("message", "")).replace(up.served_model_name, public)
+    return EngineRefused(status, error)
+
+
+def create(settings: Any, artifact_path: Callable[[str], Path]) -> VllmEngine:
+    counter = PromptCounter(artifact_path, settings.home / "cache" / "llm-tokenizers")
+    return VllmEngine(settings.llm_launcher_url, settings.llm_timeout_s, counter)

@@ -1,0 +1,79 @@
+"""The OpenAI requests the worker takes, checked at the edge (the front end and ``send_request``).
+
+Only what the worker itself relies on is checked (the model's name, the messages' shape, the prompt,
+token counts, the stream flags); every other field (sampling parameters, vLLM's own extras such as
+``return_token_ids``) is allowed and goes to the engine as sent, which checks it in turn. A request
+that fails here is a 400 naming the field (``param``), never a 422 of the framework's own shape.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from serving.worker.generation import InvalidRequest
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Open):
+    type: str
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Union[str, list[ContentPart], None] = None
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class _Generate(_Open):
+    model: str = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1)
+
+
+class ChatRequest(_Generate):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+Prompt = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_Generate):
+    prompt: Prompt
+
+
+class EmbeddingRequest(_Open):
+    model: str = Field(min_length=1)
+    input: Prompt
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {"chat/completions": ChatRequest, "completions": CompletionRequest,
+                                       "embeddings": EmbeddingRequest}
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    """``messages.0.role`` from pydantic's location, without the union members' type tags."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or (str(p).isidentifier() and p not in _TYPE_TAGS))
+
+
+def checked(route: str, doc: Any) -> dict[str, Any]:
+    """The request as sent, once it has the shape ``route`` needs; an InvalidRequest naming the field if not."""
+    if not isinstance(doc, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        SCHEMAS[route].model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param(first["loc"])
+        raise InvalidRequest(f"{param or 'body'}: {first['msg']}", param=param or None) from None
+    return doc
