@@ -33,6 +33,13 @@ fails on (``retired``). Such an event counts in the model-load series only, neve
     {"ts": 1718000000.1, "endpoint": "sentiment", "version": 2,
      "model_state": {"state": "failed", "model": "clf", "engine": "onnxruntime", "reason": "model"}}
 
+A generation request to an LLM endpoint (serving/worker/generation.py) carries its timings and token
+counts in ``llm`` (docs/llm-statistics.md; ``ttft_s`` is None for a non-streaming request)::
+
+    {"endpoint": "chat", "version": 1, "status": 200, "latency_s": 0.41, ...,
+     "llm": {"ttft_s": 0.05, "itl_s": [0.012, 0.011], "e2e_s": 0.41, "prompt_tokens": 9,
+             "completion_tokens": 3, "finish_reason": "length", "stream": true}}
+
 ``dropped`` is the sender's cumulative count of events it had to discard (queue
 full, send failures), so the service can export losses it never saw.
 """
@@ -43,6 +50,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from serving.statistics.llm_events import LlmTiming, parse_llm
 
 SCHEMA = "serving.statistics/v1"
 STAGES = ("preprocess", "inference", "postprocess")
@@ -68,6 +77,7 @@ class StatisticsEvent:
     key: str | None = None      # the client key's name, when workers require keys
     refused: str | None = None  # why the client-key check refused the request (then nothing else ran)
     model_state: "ModelState | None" = None  # a load outcome of a worker process, not a request
+    llm: LlmTiming | None = None  # a generation request's timings and token counts
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -81,6 +91,8 @@ class StatisticsEvent:
             out["refused"] = self.refused
         if self.model_state is not None:
             out["model_state"] = self.model_state.to_dict()
+        if self.llm is not None:
+            out["llm"] = self.llm.to_dict()
         return out
 
 
@@ -200,7 +212,7 @@ def parse_event(raw: Any) -> StatisticsEvent:
         ts=float(raw.get("ts") or 0.0), stages=_stages(raw.get("stages")),
         custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
         key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
-        model_state=_model_state(raw.get("model_state")),
+        model_state=_model_state(raw.get("model_state")), llm=parse_llm(raw.get("llm")),
     )
 
 

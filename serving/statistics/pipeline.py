@@ -18,6 +18,7 @@ from serving.statistics.drift import DriftConfig, DriftMonitor, SeriesKey
 from serving.statistics.events import Batch, EventError, StatisticsEvent, decode_batch, parse_event
 from serving.statistics.exporter import DriftCollector
 from serving.statistics.key_metrics import KeyMetrics
+from serving.statistics.llm_metrics import LlmMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
 from serving.statistics.model_metrics import ModelMetrics
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
@@ -32,6 +33,7 @@ class StatisticsPipeline:
         self.shadows = ShadowMetrics(registry)
         self.keys = KeyMetrics(registry)
         self.models = ModelMetrics(registry)
+        self.llm = LlmMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -111,6 +113,7 @@ class StatisticsPipeline:
             self.shadows.observe(event)
             return
         self.requests.observe(event)
+        self.llm.observe(event)
         defs = self.defs.get(event.endpoint)
         if defs is None or not event.custom:
             return

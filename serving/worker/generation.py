@@ -23,6 +23,7 @@ import orjson
 from preprocess.base import PreprocessError, UserCodeTimeout
 from serving.worker.dataplane import DataPlane, RequestStats
 from serving.worker.errors import BadRequest, GatewayTimeout, NotFound, ServingError, Unprocessable
+from serving.worker.generation_timing import GenerationTimer
 from serving.worker.llm_shadow import LlmShadow, StreamText, choice_texts
 from serving.worker.runtime import EndpointRuntime, Target
 
@@ -98,12 +99,16 @@ class Generation:
                                                           "include_usage": True}}
                 stream = await engine.stream(target, route, upstream)
                 streaming = True
-                return Generated(target, events=self._relay(stream, stats, wants_usage,
+                timer = GenerationTimer(stats.t0, stream=True)
+                return Generated(target, events=self._relay(stream, stats, wants_usage, timer,
                                                             lambda texts: self.shadow.fire(copies, target, route, texts)))
             answer = await engine.post(target, route, request)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
             stats.extra["usage"] = _usage(answer.get("usage"))
+            timer = GenerationTimer(stats.t0, stream=False)
+            timer.answered(answer)
+            stats.extra["llm"] = timer.event(stats.extra["usage"])
             self.shadow.fire(copies, target, route, choice_texts(answer))
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
@@ -127,7 +132,7 @@ class Generation:
                 self.dataplane.record(stats, status)
 
     async def _relay(self, stream: Any, stats: RequestStats, wants_usage: bool,
-                     ended: Callable[[dict[int, str]], None]) -> AsyncIterator[bytes]:
+                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None]) -> AsyncIterator[bytes]:
         """Each event on as it comes. The engine is always asked for usage (the statistics need it);
         a client that did not ask gets no usage chunk. A stream the engine breaks ends with an
         OpenAI error event (the status line is long gone)."""
@@ -142,6 +147,7 @@ class Generation:
                     stats.extra["ttft_s"] = time.perf_counter() - stats.t0
                 if event.get("usage"):
                     usage = event["usage"]
+                timer.chunk(event)
                 text.add(event)
                 if not wants_usage:
                     if event.get("usage") and not event.get("choices"):
@@ -158,6 +164,7 @@ class Generation:
             await stream.aclose()
             stats.stage("inference")
             stats.extra["usage"] = _usage(usage)
+            stats.extra["llm"] = timer.event(stats.extra["usage"])
             self.dataplane.record(stats, status)
             if status == 200:  # a shadow copy starts once the live stream has ended (never before)
                 ended(text.texts())
