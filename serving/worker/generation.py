@@ -109,11 +109,12 @@ class Generation:
             timer = GenerationTimer(stats.t0, stream=False)
             timer.answered(answer)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
-            self.shadow.fire(copies, target, route, choice_texts(answer))
+            texts = choice_texts(answer)  # the engine's own text, compared with the shadow engine's
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
             stats.stage("postprocess")
             status = 200
+            self.shadow.fire(copies, target, route, texts)
             return Generated(target, body=answer)
         except UserCodeTimeout as exc:
             status = 504

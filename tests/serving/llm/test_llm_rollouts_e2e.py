@@ -41,6 +41,8 @@ from tests.support.procs import REPO, wait_until
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
 DELAY_S = 3.0    # the slowed candidate's added time to first token
 GATE_MS = 1500   # its gate: the live engine's own TTFT on this machine is far below, the delayed one above
+pytestmark = pytest.mark.timeout(START_S + 180)  # the first test's share includes the engines' start
+
 PROMPTS = ["the quick brown fox", "canary releases", "shadow traffic", "a b c d"]
 
 
@@ -145,8 +147,9 @@ def llm(tmp_path_factory):
                      "SERVING_LLM_LAUNCHER_URL": proxy.url})
         cli(stack, "model", "upload", "--name", "tiny", "--path", str(first.path))
         cli(stack, "model", "upload", "--name", "tiny", "--path", str(second.path))
+        # both engines start at once (the shadow's too), then the fixture waits for them
         cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "chat", "--model", "tiny:1",
-            "--aux-config", "max_model_len=512", "--wait", "--wait-timeout", str(START_S))
+            "--aux-config", "max_model_len=512")
         cli(stack, "model", "add", "--endpoint", "chat", "--model", "tiny:2", "--shadow", "100%")
         entry = wait_until(lambda: httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json()["engines"]
                            .get("tiny:1"), 30, "tiny:1 in the launcher's map")
@@ -154,8 +157,9 @@ def llm(tmp_path_factory):
             "--aux-config", f"url={entry['url']}", f"served_model_name={entry['served_model_name']}",
             "max_model_len=512")
         cli(stack, "model", "add", "--endpoint", "same", "--model", "tiny:2", "--shadow", "100%")
-        wait_until(lambda: httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json()["engines"]
-                   ["tiny:2"]["state"] == "ready", START_S, "the shadow's engine ready")
+        engines = lambda: httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json()["engines"]  # noqa: E731
+        wait_until(lambda: {e["state"] for e in engines().values()} == {"ready"} and len(engines()) == 2, START_S,
+                   "both engines ready")
         base = f"{stack.worker_url()}/serve/openai/v1"
         for endpoint in ("chat", "same"):
             wait_until(lambda: httpx.post(f"{base}/completions", timeout=60, json={  # pinned: never copied
@@ -227,9 +231,30 @@ def test_the_live_stream_ends_before_its_shadow_copy_is_sent(llm):
                "the released copy compared")
 
 
+def test_canary_10_percent_share_and_sticky_routing_key(llm):
+    """``model add --canary 10%`` (tiny:2, chat's shadow until now, becomes its canary): version 2 answers
+    Binomial(N, 0.1) of N requests, accepted within 5 standard deviations of N x 0.1 (a false failure
+    about once in 3.5 million runs); with an X-Routing-Key every request of a key lands on one version,
+    and keys spread over both."""
+    stack, base = llm["stack"], llm["base"]
+    cli(stack, "model", "add", "--endpoint", "chat", "--model", "tiny:2", "--canary", "10%")
+    wait_until(lambda: [v["weight"] for v in httpx.get(f"{stack.worker_url()}/status", timeout=5).json()
+                        ["endpoints"]["chat"]["versions"]] == [90.0, 10.0], 60, "the canary on the worker")
+    n, share = 200, 0.1
+    body = {"model": "chat", "prompt": "a", "max_tokens": 1}
+    with httpx.Client(base_url=base, timeout=60) as c:
+        versions = [c.post("/completions", json=body).headers["X-Model-Version"] for _ in range(n)]
+        by_key = {key: {c.post("/completions", json=body, headers={"X-Routing-Key": key}).headers["X-Model-Version"]
+                        for _ in range(3)} for key in [f"user-{i}" for i in range(40)]}
+    mean, sd = n * share, (n * share * (1 - share)) ** 0.5
+    assert abs(versions.count("2") - mean) <= 5 * sd, versions.count("2")
+    assert all(len(v) == 1 for v in by_key.values()), by_key  # sticky
+    assert {v for vs in by_key.values() for v in vs} == {"1", "2"}  # hashes of fixed keys: some fall in the 10%
+
+
 def test_a_rollout_of_a_slower_candidate_is_rolled_back_on_ttft(llm):
     stack, base, proxy = llm["stack"], llm["base"], llm["proxy"]
-    # tiny:2 is chat's shadow: starting the rollout makes it the candidate (its engine keeps running)
+    # tiny:2 is chat's canary: starting the rollout makes it the candidate (its engine keeps running)
     proxy.delay_s = DELAY_S
     stop = threading.Event()
 
