@@ -237,7 +237,7 @@ def test_canary_10_percent_share_and_sticky_routing_key(llm):
     about once in 3.5 million runs); with an X-Routing-Key every request of a key lands on one version,
     and keys spread over both."""
     stack, base = llm["stack"], llm["base"]
-    cli(stack, "model", "add", "--endpoint", "chat", "--model", "tiny:2", "--canary", "10%")
+    cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "chat", "--model", "tiny:2", "--canary", "10%")
     wait_until(lambda: [v["weight"] for v in httpx.get(f"{stack.worker_url()}/status", timeout=5).json()
                         ["endpoints"]["chat"]["versions"]] == [90.0, 10.0], 60, "the canary on the worker")
     n, share = 200, 0.1
