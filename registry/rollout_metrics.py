@@ -1,10 +1,15 @@
-"""What a rollout gate reads: one version's requests, errors, p99 latency and drift over a window.
+"""What a rollout gate reads: one version's requests, errors, p99 latency and drift over a window,
+and for LLM endpoints the p99 of time to first token and of inter-token latency.
 
 Two sources, same answer: the statistics service's own ``/metrics`` (the default: no
 Prometheus needed), read at the start and the end of each step and differenced; or a
 Prometheus that scrapes it (``SERVING_PROMETHEUS_URL``), asked with PromQL over the
 step's window. Latency quantiles come from the histogram buckets the same way
 Prometheus' ``histogram_quantile`` computes them.
+
+The LLM figures come from the statistics service's generation histograms (docs/llm-statistics.md):
+``serving_llm_time_to_first_token_seconds`` and ``serving_llm_inter_token_latency_seconds``; a
+version without them (an encoder, or no stream yet) has None, and its gates are not judged.
 """
 from __future__ import annotations
 
@@ -24,6 +29,8 @@ class Window:
     errors: float  # responses that were not 2xx
     p99_s: float | None  # None without requests
     drift: float | None  # the largest PSI of the version's variables, None when none is measured
+    ttft_p99_s: float | None = None  # LLM endpoints: time to first token, p99 (None without observations)
+    itl_p99_s: float | None = None   # LLM endpoints: inter-token latency (gaps between chunks), p99
 
     @property
     def error_rate(self) -> float:
@@ -38,6 +45,16 @@ class Counters:
     errors: float = 0.0
     buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
     drift: float | None = None
+    llm: dict[str, dict[float, float]] = field(default_factory=dict)  # LLM_HISTOGRAMS name -> its buckets
+
+
+# the LLM histograms a gate reads (owned by the statistics service): Window field -> metric family
+LLM_HISTOGRAMS = {"ttft_p99_s": "serving_llm_time_to_first_token_seconds",
+                  "itl_p99_s": "serving_llm_inter_token_latency_seconds"}
+
+
+def _difference(end: dict[float, float], start: dict[float, float]) -> dict[float, float]:
+    return {le: end[le] - start.get(le, 0.0) for le in end}
 
 
 class MetricsSource(Protocol):
@@ -63,6 +80,9 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
             return lower_edge + (le - lower_edge) * (rank - lower_count) / (count - lower_count)
         lower_edge, lower_count = le, count
     return edges[-1]
+
+
+_LLM_FAMILIES = frozenset(LLM_HISTOGRAMS.values())
 
 
 class StatisticsServiceSource:
@@ -91,6 +111,10 @@ class StatisticsServiceSource:
                     out.buckets[le] = out.buckets.get(le, 0.0) + s.value
                 elif s.name == "serving_drift_psi" and not math.isnan(s.value):
                     out.drift = max(out.drift or 0.0, s.value)
+                elif s.name.endswith("_bucket") and s.name[:-len("_bucket")] in _LLM_FAMILIES:
+                    buckets = out.llm.setdefault(s.name[:-len("_bucket")], {})
+                    le = float(s.labels["le"])
+                    buckets[le] = buckets.get(le, 0.0) + s.value
         return out
 
     def window(self, endpoint: str, version: int, start: Counters | None, seconds: float) -> Window:
@@ -98,9 +122,10 @@ class StatisticsServiceSource:
         if end is None:
             raise ConnectionError(f"the statistics service at {self.url} did not answer")
         start = start or Counters()
-        buckets = {le: end.buckets[le] - start.buckets.get(le, 0.0) for le in end.buckets}
+        llm = {name: quantile(0.99, _difference(end.llm.get(metric, {}), start.llm.get(metric, {})))
+               for name, metric in LLM_HISTOGRAMS.items()}
         return Window(requests=end.requests - start.requests, errors=end.errors - start.errors,
-                      p99_s=quantile(0.99, buckets), drift=end.drift)
+                      p99_s=quantile(0.99, _difference(end.buckets, start.buckets)), drift=end.drift, **llm)
 
 
 class PrometheusSource:
@@ -139,6 +164,8 @@ class PrometheusSource:
             buckets = self._since("sum by (le) ", f"serving_request_latency_seconds_bucket{{{sel}}}", w)
             p99 = self._scalar(f"histogram_quantile(0.99, {buckets})")
             drift = self._scalar(f"max(serving_drift_psi{{{sel}}})")
+            llm = {name: self._scalar(f"histogram_quantile(0.99, {self._since('sum by (le) ', f'{metric}_bucket{{{sel}}}', w)})")
+                   for name, metric in LLM_HISTOGRAMS.items()}
         except (httpx.HTTPError, KeyError, ValueError) as exc:
             raise ConnectionError(f"Prometheus at {self.url} could not answer: {exc}") from exc
-        return Window(requests=requests, errors=errors, p99_s=p99 if requests else None, drift=drift)
+        return Window(requests=requests, errors=errors, p99_s=p99 if requests else None, drift=drift, **llm)

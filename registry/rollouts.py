@@ -38,6 +38,12 @@ def _aware(t: datetime | None) -> datetime | None:
     return t if t is None or t.tzinfo else t.replace(tzinfo=timezone.utc)  # SQLite drops the zone
 
 
+# LLM endpoints' gates (ms): gate key, Window field, words. A window without the figure (no stream
+# reached the candidate yet: no inter-token gap) is not judged on it, as p99 latency without requests.
+LLM_GATES = (("max_ttft_p99_ms", "ttft_p99_s", "time to first token"),
+             ("max_itl_p99_ms", "itl_p99_s", "inter-token latency"))
+
+
 def gate_failure(window: Window, gates: dict[str, Any]) -> str | None:
     """Why the window fails a gate, or None when it passes them all."""
     n = int(window.requests)
@@ -48,6 +54,10 @@ def gate_failure(window: Window, gates: dict[str, Any]) -> str | None:
         return f"p99 latency {window.p99_s * 1000:.0f} ms > {gates['max_p99_ms']:g} ms over {n} requests"
     if gates.get("max_drift") is not None and window.drift is not None and window.drift > gates["max_drift"]:
         return f"drift (PSI) {window.drift:.3f} > {gates['max_drift']:g}"
+    for gate, name, words in LLM_GATES:
+        limit, value = gates.get(gate), getattr(window, name)
+        if limit is not None and value is not None and value * 1000 > limit:
+            return f"{words} p99 {value * 1000:.0f} ms > {limit:g} ms over {n} requests"
     return None
 
 
@@ -147,7 +157,7 @@ class Rollouts:
                 return
             observed = {"requests": window.requests, "error_rate": round(window.error_rate, 4),
                         "p99_ms": None if window.p99_s is None else round(window.p99_s * 1000, 1),
-                        "drift": window.drift}
+                        "drift": window.drift, **_llm_observed(window)}
             if window.requests < r.gates.get("min_requests", 1):
                 self._hold(s, r, now, f"holding: {int(window.requests)} request(s) reached the candidate, "
                                       f"{r.gates.get('min_requests', 1)} needed to judge", observed, keep_baseline=True)
@@ -218,6 +228,12 @@ def _split(ep: Endpoint, candidate_model_id: int, weight: float) -> None:
             t.weight = 100.0 - float(weight)
         elif t.role == "canary":
             t.weight = 0.0
+
+
+def _llm_observed(window: Window) -> dict[str, float]:
+    """The LLM figures of a window, those it has (encoder endpoints' history stays as it was)."""
+    return {f"{name[:-2]}_ms": round(getattr(window, name) * 1000, 1)
+            for _, name, _ in LLM_GATES if getattr(window, name) is not None}
 
 
 def _event(at: datetime, event: str, step: int, weight: float, observed: dict | None = None) -> dict[str, Any]:

@@ -312,6 +312,8 @@ class RolloutStart(BaseModel):
     max_error_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description="fraction, e.g. 0.01")
     max_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False)
     max_drift: float | None = Field(None, gt=0, allow_inf_nan=False, description="largest PSI of the version's variables")
+    max_ttft_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="LLM: time to first token p99")
+    max_itl_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="LLM: inter-token latency p99")
     min_requests: int = Field(1, ge=1, le=10**9, description="requests the candidate needs in a step to be judged")
 
     @field_validator("steps")
@@ -326,5 +328,7 @@ class RolloutStart(BaseModel):
         return steps
 
     def gates(self) -> dict[str, Any]:
-        return {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "max_drift": self.max_drift,
-                "min_requests": self.min_requests}
+        gates = {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "max_drift": self.max_drift,
+                 "min_requests": self.min_requests}
+        llm = {"max_ttft_p99_ms": self.max_ttft_p99_ms, "max_itl_p99_ms": self.max_itl_p99_ms}
+        return {**gates, **{k: v for k, v in llm.items() if v is not None}}

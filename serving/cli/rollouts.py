@@ -45,6 +45,10 @@ def start(
     max_error_rate: Optional[str] = typer.Option(None, help="e.g. 1%: the candidate's non-2xx share per step"),
     max_p99_ms: Optional[float] = typer.Option(None, help="the candidate's p99 latency per step"),
     max_drift: Optional[float] = typer.Option(None, help="the largest PSI of the candidate's variables"),
+    max_ttft_p99_ms: Optional[float] = typer.Option(None, help="LLM endpoints: the candidate's time to first "
+                                                               "token p99 per step (docs/llm-rollouts.md)"),
+    max_itl_p99_ms: Optional[float] = typer.Option(None, help="LLM endpoints: the candidate's inter-token "
+                                                              "latency p99 per step"),
     min_requests: int = typer.Option(1, help="requests the candidate needs in a step before it is judged"),
 ) -> None:
     """Start a rollout: the candidate takes each step's share in turn, then is promoted."""
@@ -55,7 +59,8 @@ def start(
         raise typer.BadParameter(f"--steps {steps!r} must look like 5,25,50,100")
     body = {"endpoint": endpoint, "model": name, "version": version, "steps": percents,
             "interval_s": parse_interval(interval), "max_error_rate": parse_rate(max_error_rate),
-            "max_p99_ms": max_p99_ms, "max_drift": max_drift, "min_requests": min_requests}
+            "max_p99_ms": max_p99_ms, "max_drift": max_drift, "min_requests": min_requests,
+            "max_ttft_p99_ms": max_ttft_p99_ms, "max_itl_p99_ms": max_itl_p99_ms}
     r = ctx.obj.post("/rollouts", json=body)
     console.print(f"rollout of {r['model']}:{r['version']} on [bold]{endpoint}[/bold]: step 1 of {len(r['steps'])} "
                   f"at {r['weight']:g}%, next check in {r['interval_s']:g} s")

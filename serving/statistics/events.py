@@ -131,9 +131,11 @@ class ShadowResult:
     agree: bool | None = None   # None: not compared (the copy failed, or nothing comparable)
     mad: float | None = None    # mean absolute difference of logits / numbers
     dropped: bool = False       # not run: too many copies already under way
+    agreement: float | None = None  # LLM copies: 1.0/0.0 exact text (greedy), else token overlap in [0, 1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"live_version": self.live_version, "agree": self.agree, "mad": self.mad, "dropped": self.dropped}
+        out = {"live_version": self.live_version, "agree": self.agree, "mad": self.mad, "dropped": self.dropped}
+        return out if self.agreement is None else {**out, "agreement": self.agreement}
 
 
 def _shadow(value: Any) -> ShadowResult | None:
@@ -148,7 +150,16 @@ def _shadow(value: Any) -> ShadowResult | None:
     return ShadowResult(live_version=_version(value.get("live_version")),
                         agree=None if agree is None else bool(agree),
                         mad=None if mad is None else _finite(mad, "shadow.mad"),
-                        dropped=bool(value.get("dropped")))
+                        dropped=bool(value.get("dropped")), agreement=_agreement(value.get("agreement")))
+
+
+def _agreement(value: Any) -> float | None:
+    if value is None:
+        return None
+    score = _finite(value, "shadow.agreement")
+    if not 0.0 <= score <= 1.0:
+        raise EventError("shadow.agreement must be between 0 and 1")
+    return score
 
 
 @dataclass(frozen=True)

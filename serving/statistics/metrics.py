@@ -63,6 +63,7 @@ class RequestMetrics:
             stages[stage].observe(seconds)
 
 
+AGREEMENT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 MAD_BUCKETS = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -84,6 +85,10 @@ class ShadowMetrics:
                              labels, buckets=MAD_BUCKETS, registry=registry)
         self.dropped = Counter("serving_shadow_dropped", "Copies a worker dropped because the shadow was too slow.",
                                labels, registry=registry)
+        self.llm_agreement = Histogram("serving_llm_shadow_agreement",
+                                       "LLM shadow copies: 1 when the text equals the live answer's (greedy requests), "
+                                       "else the whitespace-token F1 of the two texts (docs/llm-rollouts.md).",
+                                       labels, buckets=AGREEMENT_BUCKETS, registry=registry)
         self._compared: set[tuple[str, str]] = set()
 
     def observe(self, event: StatisticsEvent) -> None:
@@ -103,6 +108,8 @@ class ShadowMetrics:
             self.agreement.labels(*labels, "true" if shadow.agree else "false").inc()
         if shadow.mad is not None:
             self.mad.labels(*labels).observe(shadow.mad)
+        if shadow.agreement is not None:
+            self.llm_agreement.labels(*labels).observe(shadow.agreement)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import orjson
 
@@ -24,6 +24,7 @@ from preprocess.base import PreprocessError, UserCodeTimeout
 from serving.worker.dataplane import DataPlane, RequestStats
 from serving.worker.errors import BadRequest, GatewayTimeout, NotFound, ServingError, Unprocessable
 from serving.worker.generation_timing import GenerationTimer
+from serving.worker.llm_shadow import LlmShadow, StreamText, choice_texts
 from serving.worker.runtime import EndpointRuntime, Target
 
 ROUTES = ("chat/completions", "completions", "embeddings")
@@ -58,6 +59,7 @@ def split_model(model: str) -> tuple[str, int | None]:
 class Generation:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
+        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm_shadow.py)
 
     def is_llm(self, ep: EndpointRuntime) -> bool:
         return getattr(self.dataplane.engines.get(ep.engine), "kind", None) == "llm"
@@ -90,6 +92,7 @@ class Generation:
             request = await _preprocess(processor, request, state, stats)
             stats.stage("preprocess")
             await _check_context(engine, target, route, request)
+            copies = self.shadow.pick(ep, route, request) if version is None else None
             if request.get("stream"):
                 wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
                 upstream = {**request, "stream_options": {**(request.get("stream_options") or {}),
@@ -97,7 +100,8 @@ class Generation:
                 stream = await engine.stream(target, route, upstream)
                 streaming = True
                 timer = GenerationTimer(stats.t0, stream=True)
-                return Generated(target, events=self._relay(stream, stats, wants_usage, timer))
+                return Generated(target, events=self._relay(stream, stats, wants_usage, timer,
+                                                            lambda texts: self.shadow.fire(copies, target, route, texts)))
             answer = await engine.post(target, route, request)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
@@ -105,10 +109,12 @@ class Generation:
             timer = GenerationTimer(stats.t0, stream=False)
             timer.answered(answer)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
+            texts = choice_texts(answer)  # the engine's own text, compared with the shadow engine's
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
             stats.stage("postprocess")
             status = 200
+            self.shadow.fire(copies, target, route, texts)
             return Generated(target, body=answer)
         except UserCodeTimeout as exc:
             status = 504
@@ -127,11 +133,11 @@ class Generation:
                 self.dataplane.record(stats, status)
 
     async def _relay(self, stream: Any, stats: RequestStats, wants_usage: bool,
-                     timer: GenerationTimer) -> AsyncIterator[bytes]:
+                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None]) -> AsyncIterator[bytes]:
         """Each event on as it comes. The engine is always asked for usage (the statistics need it);
         a client that did not ask gets no usage chunk. A stream the engine breaks ends with an
         OpenAI error event (the status line is long gone)."""
-        status, usage = CLIENT_CLOSED, None
+        status, usage, text = CLIENT_CLOSED, None, StreamText()
         try:
             async for event in stream.events():
                 if event is None:  # the end: a client may hang up as soon as it reads it
@@ -143,6 +149,7 @@ class Generation:
                 if event.get("usage"):
                     usage = event["usage"]
                 timer.chunk(event)
+                text.add(event)
                 if not wants_usage:
                     if event.get("usage") and not event.get("choices"):
                         continue
@@ -160,6 +167,8 @@ class Generation:
             stats.extra["usage"] = _usage(usage)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
             self.dataplane.record(stats, status)
+            if status == 200:  # a shadow copy starts once the live stream has ended (never before)
+                ended(text.texts())
 
 
 async def _preprocess(processor: Any, request: dict[str, Any], state: dict, stats: RequestStats) -> dict[str, Any]:

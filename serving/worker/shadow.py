@@ -87,18 +87,23 @@ class ShadowMirror:
 
     def fire(self, copies: Copies | None, live: Target, answer: Any) -> None:
         """Start the copies in the background; returns at once, never raises."""
-        if copies is None:
-            return
+        if copies is not None:
+            self.launch(copies, live, lambda target: self._run(copies, target, live, answer))
+
+    def launch(self, copies: Copies, live: Target, run: Callable[[Target], Awaitable[None]]) -> None:
+        """``run(target)`` for each chosen shadow as a background task, within the in-flight bound
+        (a copy past it is dropped and recorded as dropped); returns at once, never raises.
+        The generation path (llm_shadow.py) brings its own ``run``."""
         try:
             loop = asyncio.get_running_loop()
             for target in copies.targets:
                 if self.in_flight >= self.max_in_flight:
                     self.dropped += 1
-                    self._record(copies.ep, target, live, 0, 0.0, {}, {"dropped": True})
+                    self.record(copies.ep, target, live, 0, 0.0, {}, {"dropped": True})
                     continue
                 self.in_flight += 1
                 self.sent += 1
-                task = loop.create_task(self._run(copies, target, live, answer))
+                task = loop.create_task(run(target))
                 self._tasks.add(task)
                 task.add_done_callback(self._done)
         except Exception:
@@ -146,7 +151,7 @@ class ShadowMirror:
                 agree, mad = (compare_tensors if copies.tensors else compare)(live_answer, answer)
             except Exception:
                 log.exception("shadow: comparing answers failed")
-        self._record(copies.ep, target, live, status, latency, stages, {"agree": agree, "mad": mad})
+        self.record(copies.ep, target, live, status, latency, stages, {"agree": agree, "mad": mad})
 
     async def _serve(self, ep: EndpointRuntime, target: Target, body: Any, stage: Callable[[str], None]) -> Any:
         """The data plane's preprocess -> engine -> postprocess, for the shadow version only."""
@@ -169,7 +174,7 @@ class ShadowMirror:
         stage("postprocess")
         return answer
 
-    def _record(self, ep: EndpointRuntime, target: Target, live: Target, status: int, latency: float,
+    def record(self, ep: EndpointRuntime, target: Target, live: Target, status: int, latency: float,
                 stages: dict[str, float], result: dict[str, Any]) -> None:
         recorder = self.recorder()
         if recorder is None:

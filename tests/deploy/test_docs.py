@@ -8,7 +8,8 @@ import pytest
 
 from tests.deploy.artifacts import REPO, rendered_files
 
-DOCS = ["docs/deploy-compose.md", "docs/deploy-helm.md", "docs/llm-engine.md", "docs/llm-statistics.md"]
+DOCS = ["docs/deploy-compose.md", "docs/deploy-helm.md", "docs/llm-engine.md", "docs/llm-statistics.md",
+        "docs/llm-rollouts.md"]
 
 
 def command_lines(text: str) -> list[str]:

@@ -47,3 +47,16 @@ def test_shadow_field_is_parsed_leniently_but_checked() -> None:
         parse_event({"endpoint": "e", "shadow": "yes"})
     assert parse_event(shadow_event(agree=True, mad=0.5)).to_dict()["shadow"] == {
         "live_version": 1, "agree": True, "mad": 0.5, "dropped": False}
+
+
+def test_llm_copies_fill_the_agreement_histogram() -> None:
+    registry = CollectorRegistry()
+    p = StatisticsPipeline(registry)
+    events = [shadow_event(agree=True, agreement=1.0), shadow_event(agree=False, agreement=0.25),
+              shadow_event(agree=True, mad=0.0)]  # an encoder's copy: no agreement figure
+    assert p.handle_payload(encode_batch(events)) == 3
+    assert samples(registry, "serving_llm_shadow_agreement_count") == {(("version", "2"),): 2}
+    assert samples(registry, "serving_llm_shadow_agreement_sum")[(("version", "2"),)] == pytest.approx(1.25)
+    assert samples(registry, "serving_llm_shadow_agreement_bucket")[(("le", "0.3"), ("version", "2"))] == 1
+    with pytest.raises(EventError):
+        parse_event(shadow_event(agreement=1.5))
