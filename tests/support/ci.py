@@ -3,8 +3,9 @@ missing; elsewhere it is skipped with that reason. A quiet skip in CI would hide
 lacks a dependency (a fresh one, say) behind a green run."""
 from __future__ import annotations
 
+import importlib
 import os
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -19,3 +20,14 @@ def cannot_run(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"CI=true and this test cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_module(name: str) -> Any:
+    """The module, or the suite's rule when it is missing (pytest.importorskip would skip in CI too)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        reason = f"{name} is not installed ({exc}): run `make setup`"
+        if in_ci():
+            pytest.fail(f"CI=true and this test cannot run: {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)

@@ -26,10 +26,10 @@ import pytest
 from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama, greedy_reference
 from tests.serving.stack import Stack, make_stack
-from tests.support.ci import cannot_run
+from tests.support.ci import cannot_run, require_module
 from tests.support.procs import REPO, free_port, wait_until
 
-openai = pytest.importorskip("openai")
+openai = require_module("openai")
 
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
 FILES = Path(__file__).parent / "clearml_vllm"

@@ -24,10 +24,10 @@ from serving.testmodels_llm import build_tiny_llama
 from tests.serving.stack import make_stack
 from tests.serving.statistics.promql import dashboard_expressions, grafana_query, metric_names
 from tests.serving.statistics.support import Prometheus
-from tests.support.ci import cannot_run
+from tests.support.ci import cannot_run, require_module
 from tests.support.procs import free_port, stop, wait_until
 
-openai = pytest.importorskip("openai")
+openai = require_module("openai")
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
 DASHBOARD = REPO / "grafana" / "dashboards" / "llm.json"
 # names the dashboard uses whose exporter is not on this branch yet: the test fails once it exports them
