@@ -100,6 +100,7 @@ class Generation:
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
             stats.extra["usage"] = _usage(answer.get("usage"))
+            self._charge(stats)
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
             stats.stage("postprocess")
@@ -151,7 +152,14 @@ class Generation:
             await stream.aclose()
             stats.stage("inference")
             stats.extra["usage"] = _usage(usage)
+            self._charge(stats)
             self.dataplane.record(stats, status)
+
+    def _charge(self, stats: RequestStats) -> None:
+        """The request's tokens against its key's tokens per minute (client_keys.py), once they are known."""
+        usage = stats.extra.get("usage")
+        if usage:
+            self.dataplane.keys.charge(stats.client, usage["prompt_tokens"] + usage["completion_tokens"])
 
 
 async def _preprocess(processor: Any, request: dict[str, Any], state: dict, stats: RequestStats) -> dict[str, Any]:
