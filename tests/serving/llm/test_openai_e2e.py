@@ -472,3 +472,14 @@ def test_tokens_per_minute_refuse_the_request_after_the_one_that_spent_them(llm,
     assert refill_s - 20 < int(answer.response.headers["retry-after"]) <= math.ceil(refill_s)
     assert [(e.get("refused"), e.get("key"), e["status"]) for e in events.events
             if e.get("key") == "chat"] == [(None, "chat", 200), (None, "chat", 200), ("tokens", "chat", 429)]
+    # the statistics service counts it in the refusals family, outside the endpoint's requests
+    from prometheus_client import CollectorRegistry
+
+    from serving.statistics.events import encode_batch
+    from serving.statistics.pipeline import StatisticsPipeline
+
+    registry = CollectorRegistry()
+    StatisticsPipeline(registry).handle_payload(encode_batch(events.events, source="w:1"))
+    refusals = {"endpoint": "llm", "key": "chat", "reason": "tokens"}
+    assert registry.get_sample_value("serving_refusals_total", refusals) == 1
+    assert registry.get_sample_value("serving_requests_by_key_total", {"endpoint": "llm", "key": "chat"}) == 2
