@@ -5,6 +5,8 @@ writes the corpus, then for each system starts its processes, drives each
 concurrency level with the closed-loop load generator in its own process, and
 stops them before the next system starts, so no two systems share the cores.
 Writes ``<mode>.json``, ``<mode>.md`` and ``<mode>.png`` under benchmarks/results/.
+``--workload LLM`` runs the LLM streaming benchmark instead (``benchmarks.llm``: platform against
+vLLM called directly; ``--concurrency`` gives its stream counts).
 """
 from __future__ import annotations
 
@@ -193,8 +195,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> RunResult:
+def main(argv: list[str] | None = None) -> RunResult | None:
     args = parse_args(argv)
+    if args.workload == "LLM":  # its own driver, table and plot: streams, TTFT and ITL (benchmarks/llm.py)
+        from benchmarks import llm
+        llm.main(["--out", str(args.out), *(["--streams", args.concurrency] if args.concurrency else [])])
+        return None
     concurrency = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
     mode: Mode = resolve(args.mode, args.requests, concurrency)
     workloads = args.workload.split(",") if args.workload else default_workloads(mode)

@@ -2,9 +2,10 @@
 
 A key (``sk_`` + 256 random bits in hex) is shown once, when created; the registry keeps its
 sha256 (hashed as API tokens are, ``auth.hash_token``) with the endpoints it may call (or all)
-and an optional rate. Workers never ask the control plane about a key: every change here
+and optional limits: a rate in requests per second (with its burst) and a budget of tokens per
+minute for LLM endpoints (prompt plus completion, charged from each answer's ``usage``). Workers never ask the control plane about a key: every change here
 bumps the config revision, and the snapshot carries each live key's name, sha256, endpoints,
-rate and burst (:func:`snapshot_keys`), so a revoked key stops within one config push.
+rate, burst and tokens per minute (:func:`snapshot_keys`), so a revoked key stops within one config push.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from registry.service import Registry
 
 KEY_PREFIX = "sk_"
 MAX_RATE = 1_000_000.0
+MAX_TOKENS_PER_MINUTE = 1_000_000_000
 ENDPOINT_NAME = re.compile(r"^[^/\s]{1,128}$")  # what a /serve/{endpoint} path segment can name
 
 
@@ -42,6 +44,9 @@ class ClientKeyCreate(BaseModel):
     endpoints: list[str] | None = Field(None, description="endpoints the key may call; omitted or null: all")
     rate: float | None = Field(None, gt=0, le=MAX_RATE, description="requests per second, per worker process")
     burst: int | None = Field(None, ge=1, le=1_000_000, description="requests allowed at once above the rate")
+    tokens_per_minute: int | None = Field(None, ge=1, le=MAX_TOKENS_PER_MINUTE,
+                                          description="LLM tokens (prompt + completion) per minute, per worker "
+                                                      "process; None: no limit")
 
     @field_validator("name")
     @classmethod
@@ -65,14 +70,14 @@ class ClientKeyCreate(BaseModel):
 
 def key_out(row: ClientKey) -> dict:
     return {"name": row.name, "endpoints": row.endpoints, "rate": row.rate, "burst": row.burst,
-            "created_at": row.created_at.isoformat(), "revoked": row.revoked}
+            "tokens_per_minute": row.tokens_per_minute, "created_at": row.created_at.isoformat(), "revoked": row.revoked}
 
 
 def snapshot_keys(s: Session) -> dict[str, dict]:
     """What workers need to check a key, for each key not revoked: never the key itself."""
     rows = s.scalars(select(ClientKey).where(ClientKey.revoked.is_(False)).order_by(ClientKey.name))
-    return {r.name: {"sha256": r.key_hash, "endpoints": r.endpoints, "rate": r.rate, "burst": r.burst}
-            for r in rows}
+    return {r.name: {"sha256": r.key_hash, "endpoints": r.endpoints, "rate": r.rate, "burst": r.burst,
+                     "tokens_per_minute": r.tokens_per_minute} for r in rows}
 
 
 class ClientKeys:
@@ -95,6 +100,7 @@ class ClientKeys:
                 row = ClientKey(name=req.name)
                 s.add(row)
             row.key_hash, row.endpoints, row.rate, row.burst = hash_token(key), req.endpoints, req.rate, burst
+            row.tokens_per_minute = req.tokens_per_minute
             row.created_at, row.revoked = datetime.now(timezone.utc), False
             s.flush()
             return row

@@ -119,6 +119,7 @@ class ClientKey(Base):
     endpoints: Mapped[list | None] = mapped_column(JSON, nullable=True)  # None: every endpoint
     rate: Mapped[float | None] = mapped_column(Float, nullable=True)  # requests per second; None: no limit
     burst: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)  # LLM tokens; None: no limit
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
 

@@ -110,6 +110,7 @@ class Generation:
             timer.answered(answer)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
             texts = choice_texts(answer)  # the engine's own text, compared with the shadow engine's
+            self._charge(stats)
             if processor is not None:
                 answer = await processor.postprocess(answer, state, stats.collect)
             stats.stage("postprocess")
@@ -166,9 +167,16 @@ class Generation:
             stats.stage("inference")
             stats.extra["usage"] = _usage(usage)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
+            self._charge(stats)
             self.dataplane.record(stats, status)
             if status == 200:  # a shadow copy starts once the live stream has ended (never before)
                 ended(text.texts())
+
+    def _charge(self, stats: RequestStats) -> None:
+        """The request's tokens against its key's tokens per minute (client_keys.py), once they are known."""
+        usage = stats.extra.get("usage")
+        if usage:
+            self.dataplane.keys.charge(stats.client, usage["prompt_tokens"] + usage["completion_tokens"])
 
 
 async def _preprocess(processor: Any, request: dict[str, Any], state: dict, stats: RequestStats) -> dict[str, Any]:

@@ -24,7 +24,8 @@ def test_create_list_revoke_and_the_snapshot(stack):  # noqa: F811
 
         snap = admin.get("/config").json()
         assert snap["client_keys"]["web"] == {"sha256": hashlib.sha256(key.encode()).hexdigest(),
-                                              "endpoints": ["a", "b"], "rate": 2.5, "burst": 3}
+                                              "endpoints": ["a", "b"], "rate": 2.5, "burst": 3,
+                                              "tokens_per_minute": None}
         listed = admin.get("/client-keys").json()
         assert [k["name"] for k in listed if k["name"] == "web"] == ["web"]
         every_read = json.dumps(listed) + json.dumps(snap) + json.dumps(admin.get("/audit").json())
@@ -55,6 +56,8 @@ def test_create_list_revoke_and_the_snapshot(stack):  # noqa: F811
     ({"name": "x", "endpoints": ["a/b"]}, "not an endpoint name"),
     ({"name": "bad name"}, "key name"),
     ({"name": "x", "rate": 1, "burst": 0}, "greater than or equal to 1"),
+    ({"name": "x", "tokens_per_minute": 0}, "greater than or equal to 1"),
+    ({"name": "x", "tokens_per_minute": 1.5}, "tokens_per_minute"),
 ])
 def test_bad_requests_name_what_is_wrong(stack, body, says):  # noqa: F811
     with stack.api() as admin:
@@ -73,13 +76,17 @@ def test_only_admins_manage_keys(stack):  # noqa: F811
 
 def test_cli(stack):  # noqa: F811
     made = stack.cli("key", "create", "--name", "cli-key", "--endpoints", "sentiment, other", "--rate", "10",
-                     "--burst", "20")
+                     "--burst", "20", "--tokens-per-minute", "5000")
     key = made.stdout.strip()  # stdout holds the key alone, so KEY=$(serving key create ...) works
     assert re.fullmatch(r"sk_[0-9a-f]{64}", key), made.stdout
-    assert "shown only now" in " ".join(made.stderr.split())
+    said = " ".join(made.stderr.split())
+    assert "shown only now" in said and "5000 tokens/min" in said
     listed = json.loads(stack.cli("key", "list", "--json").stdout)
     row = next(k for k in listed if k["name"] == "cli-key")
     assert row["endpoints"] == ["other", "sentiment"] and row["rate"] == 10 and row["burst"] == 20
+    assert row["tokens_per_minute"] == 5000
+    assert httpx.get(f"{stack.control_plane}/config", headers=stack.headers()).json()["client_keys"]["cli-key"][
+        "tokens_per_minute"] == 5000
     assert key not in stack.cli("key", "list").stdout
     stack.cli("key", "revoke", "--name", "cli-key")
     assert "cli-key" not in httpx.get(f"{stack.control_plane}/config", headers=stack.headers()).json()["client_keys"]
@@ -103,5 +110,42 @@ def test_migration_0004_and_keys_on_sqlite_and_postgresql(database_url, tmp_path
         second = admin.post("/client-keys", json={"name": "k"}).json()
         assert admin.get("/config").json()["client_keys"] == {"k": {
             "sha256": hashlib.sha256(second["key"].encode()).hexdigest(), "endpoints": None, "rate": None,
-            "burst": None}}
+            "burst": None, "tokens_per_minute": None}}
         assert first["burst"] == 2 and [r["name"] for r in admin.get("/client-keys").json()] == ["k"]
+
+
+def test_migration_0006_tokens_per_minute_on_sqlite_and_postgresql(database_url, tmp_path):
+    """Keys made before 0006 have no token limit; the column round-trips and 0006 downgrades."""
+    from alembic import command
+    from fastapi.testclient import TestClient
+    from sqlalchemy import inspect, text
+
+    from registry.api import create_app
+    from registry.db import alembic_config, make_engine
+    from serving.settings import ControlPlaneSettings
+    from tests.support import auth
+
+    engine = make_engine(database_url)
+    cfg = alembic_config(database_url)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0005")
+        conn.execute(text("INSERT INTO client_keys (name, key_hash, created_at, revoked) "
+                          "VALUES ('old', :h, CURRENT_TIMESTAMP, :f)"), {"h": "0" * 64, "f": False})
+        command.upgrade(cfg, "0006")
+        assert conn.execute(text("SELECT tokens_per_minute FROM client_keys")).scalar() is None
+    engine.dispose()
+    home = tmp_path / "home"
+    with TestClient(create_app(ControlPlaneSettings(home=home, database_url=database_url)),
+                    headers=auth.headers(home)) as admin:
+        assert admin.get("/config").json()["client_keys"]["old"]["tokens_per_minute"] is None
+        made = admin.post("/client-keys", json={"name": "llm", "tokens_per_minute": 12000}).json()
+        assert made["tokens_per_minute"] == 12000 and made["rate"] is None
+        assert admin.get("/config").json()["client_keys"]["llm"]["tokens_per_minute"] == 12000
+    engine = make_engine(database_url)
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0005")
+        assert "tokens_per_minute" not in {c["name"] for c in inspect(conn).get_columns("client_keys")}
+        command.upgrade(cfg, "head")
+    engine.dispose()

@@ -10,6 +10,7 @@ model and prompt. The last test kills the engine.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import shutil
@@ -356,6 +357,86 @@ def test_the_context_check_counts_as_the_engine_does(llm, route, body):
         r = c.post(f"/{route}", json={**request, "max_tokens": CONTEXT - prompt + 1})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
     assert f"has {prompt} tokens" in r.json()["error"]["message"]
+
+
+def test_tokens_per_minute_refuse_the_request_after_the_one_that_spent_them(llm, tmp_path):
+    """A key's tokens per minute against the module's engine, with the stock client: greedy requests of a known
+    size (the prompt's tokens + 16, ignore_eos), so the limit is crossed by the second request, a stream that
+    runs to its end; the third is a 429 in OpenAI's shape with the Retry-After the refill needs, and the
+    refusal is the statistics event of its own kind. An in-process worker: its recorder is read back."""
+    from fastapi.testclient import TestClient
+
+    from registry.artifacts import ArtifactStore
+    from serving.credentials import secret_sha256
+    from serving.llm.folder import archive_folder
+    from serving.worker.app import create_app
+    from tests.serving.worker.support import snapshot, worker_settings
+
+    home = tmp_path / "home"
+    store = ArtifactStore(home / "artifacts")
+    folder = tmp_path / "llm.tar"
+    folder.write_bytes(b"".join(archive_folder(llm["model"]).chunks()))
+    spec = {"name": "llm", "engine": "vllm", "metrics": [], "log_freq": 1.0,
+            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": "test vllm:1"},
+            "targets": [{"model": "tiny", "version": 1, "weight": 100.0, "role": "stable", "triton_name": "tiny_v1",
+                         "artifact": store.put_file(folder)[0], "framework": "hf-causal-lm",
+                         "signature": {"llm": {"max_model_len": CONTEXT}}}]}
+    free, limited = "sk_" + "f" * 64, "sk_" + "1" * 64
+    request = {"model": "llm", "prompt": "count with me", "max_tokens": 16, "temperature": 0,
+               "extra_body": {"ignore_eos": True}}
+    events = Events()
+
+    def keys_with(tokens_per_minute: int | None) -> dict:
+        snap = snapshot(spec)
+        snap["client_keys"] = {
+            "free": {"sha256": secret_sha256(free), "endpoints": None, "rate": None, "burst": None},
+            "chat": {"sha256": secret_sha256(limited), "endpoints": None, "rate": None, "burst": None,
+                     "tokens_per_minute": tokens_per_minute}}
+        return snap
+
+    # the size of one request, from its usage, with a key that has no limit
+    settings = worker_settings(home, client_keys_required=True)
+    with TestClient(create_app(settings, snapshot=keys_with(None), recorder=events)) as c:
+        probe = openai.OpenAI(api_key=free, base_url="http://testserver/serve/openai/v1", http_client=c, max_retries=0)
+        usage = probe.completions.create(**request).usage
+    assert usage.completion_tokens == 16
+    per_request = usage.prompt_tokens + usage.completion_tokens
+    limit = per_request + 2  # the first request leaves 2 tokens: the second may start, and ends 14 below zero
+
+    events.events.clear()
+    with TestClient(create_app(settings, snapshot=keys_with(limit), recorder=events)) as c:
+        chat = openai.OpenAI(api_key=limited, base_url="http://testserver/serve/openai/v1", http_client=c,
+                             max_retries=0)
+        first = chat.completions.create(**request)
+        stream = chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
+        chunks = list(stream)
+        assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == first.choices[0].text  # not cut
+        assert chunks[-1].usage.completion_tokens == 16
+        with pytest.raises(openai.RateLimitError) as refused:
+            chat.completions.create(**request)
+        other = openai.OpenAI(api_key=free, base_url="http://testserver/serve/openai/v1", http_client=c, max_retries=0)
+        assert other.completions.create(**request).usage.completion_tokens == 16  # other keys go on
+    answer = refused.value
+    assert answer.status_code == 429
+    error = answer.response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "rate_limit_exceeded"
+    assert f"{limit} tokens per minute" in error["message"] and error["type"] == "rate_limit_error"
+    # 14 tokens short of one at limit/60 per second; a few seconds at most went by since the stream ended
+    refill_s = (per_request - 1) * 60 / limit
+    assert refill_s - 20 < int(answer.response.headers["retry-after"]) <= math.ceil(refill_s)
+    assert [(e.get("refused"), e.get("key"), e["status"]) for e in events.events
+            if e.get("key") == "chat"] == [(None, "chat", 200), (None, "chat", 200), ("tokens", "chat", 429)]
+    # the statistics service counts it in the refusals family, outside the endpoint's requests
+    from prometheus_client import CollectorRegistry
+
+    from serving.statistics.events import encode_batch
+    from serving.statistics.pipeline import StatisticsPipeline
+
+    registry = CollectorRegistry()
+    StatisticsPipeline(registry).handle_payload(encode_batch(events.events, source="w:1"))
+    refusals = {"endpoint": "llm", "key": "chat", "reason": "tokens"}
+    assert registry.get_sample_value("serving_refusals_total", refusals) == 1
+    assert registry.get_sample_value("serving_requests_by_key_total", {"endpoint": "llm", "key": "chat"}) == 2
 
 
 def test_the_engine_killed_mid_traffic_is_a_503_then_comes_back_by_itself(llm):

@@ -1,0 +1,24 @@
+"""benchmarks.llm in its --quick form (1 and 2 streams, 8 tokens): the command runs end to end against a
+real vLLM and the platform, every request of both systems is counted with its tokens, the ratios are made
+and the plot is written, so the benchmark cannot rot. Its numbers are not checked (benchmarks/, not tests)."""
+from __future__ import annotations
+
+import json
+
+from benchmarks import llm
+from tests.support.ci import cannot_run
+
+
+def test_quick_run_measures_both_systems(tmp_path):
+    if not llm.VLLM_PYTHON.exists():
+        cannot_run(f"no vLLM venv at {llm.VLLM_PYTHON}")
+    result = llm.main(["--quick", "--out", str(tmp_path)])
+    levels = {(lv["system"], lv["streams"]): lv for lv in result["levels"]}
+    assert set(levels) == {(s, n) for s in ("direct", "platform") for n in (1, 2)}
+    for (system, n), lv in levels.items():
+        assert lv["errors"] == 0 and lv["requests"] == n, lv  # one round per stream
+        assert lv["output_tokens"] == 8 * n, lv  # greedy with ignore_eos: every answer 8 tokens
+        assert lv["ttft_p50_ms"] > 0 and lv["itl_p50_ms"] > 0
+    assert [r["streams"] for r in result["ratios"]] == [1, 2]
+    assert json.loads((tmp_path / "llm.json").read_text())["levels"] == result["levels"]
+    assert (tmp_path / "llm.png").read_bytes()[:4] == b"\x89PNG"
