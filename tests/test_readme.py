@@ -205,7 +205,8 @@ def taken_ports() -> list[int]:
 
 
 def fresh_clone(dest: Path) -> Path:
-    """The repository's files as a clone has them (the working tree's versions), and its venv."""
+    """The repository's files as a clone has them (the working tree's versions), and its venvs: `make setup`
+    in the copy finds both installed (the vLLM one too, or it would download it inside the namespace)."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for name in filter(None, files.decode().split("\0")):
         src = REPO / name
@@ -213,6 +214,8 @@ def fresh_clone(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     (dest / ".venv").symlink_to(REPO / ".venv")
+    if (REPO / ".venv-vllm").exists():
+        (dest / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
     return dest
 
 
@@ -498,7 +501,6 @@ def test_the_llm_quick_start_runs_as_written(tmp_path):
     if not netns and taken_ports():
         cannot_run(f"no network namespace here (unshare --net), and the quick start's ports {taken_ports()} are taken")
     clone = fresh_clone(tmp_path / "clone")
-    (clone / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
     env = user_env(tmp_path)
     shell = Shell(clone, env, tmp_path / "terminal.log", netns)
     try:

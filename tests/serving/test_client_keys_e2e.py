@@ -166,7 +166,9 @@ def test_keys_scopes_rate_revocation_and_statistics(stack):
         text = httpx.get(stats_url, timeout=5).text
         return (all(metric(text, "serving_requests_by_key_total", endpoint=e, key=k) == n for (e, k), n in seen.items())
                 and metric(text, "serving_refusals_total", endpoint="echo", key="batch-job", reason="rate")
-                == statuses[429])
+                == statuses[429]
+                # the revoked key's refusal is the last event sent: wait for it too, not only the ones before
+                and metric(text, "serving_refusals_total", endpoint="echo", reason="invalid_key") >= 2)
 
     wait_until(counted, 20, "statistics by key to match what the clients saw")
     text = httpx.get(stats_url, timeout=5).text

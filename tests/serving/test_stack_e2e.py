@@ -132,7 +132,12 @@ def test_canary_share_and_sticky_routing(stack, tiny_model, second_model):
     out = stack.cli("model", "add", "--endpoint", "clf", "--model", "clf:2", "--tokenizer",
                     str(second_model.tokenizer_dir), "--canary", "10%").stdout
     assert "clf:1 90%" in out and "clf:2 10%" in out
-    endpoint_ready(stack, "clf")  # both versions loaded in Triton before counting shares
+    endpoint_ready(stack, "clf")
+    # a worker keeps the previous routes until the canary is ready there (readiness gating): count only once
+    # every worker routes both versions (v2 /ready answers for the live version, so it does not say this)
+    for i in range(2):
+        wait_until(lambda: sorted(v["version"] for v in httpx.get(f"{stack.worker_url(i)}/status", timeout=5).json()
+                                  ["endpoints"]["clf"]["versions"]) == [1, 2], 60, f"the canary routed on worker {i}")
     wait_until(lambda: all(stack.revision(i) == stack.revision(0) for i in range(2)), 5, "workers in step")
     versions = []
     for i in range(2):  # both workers, 1,000 requests each
