@@ -14,13 +14,13 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from preprocess.base import InputOutOfRange, PreprocessError, UserCodeTimeout
+from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.client_keys import ClientKeys
 from serving.worker.engines.base import Engine
-from serving.worker.errors import (BadRequest, GatewayTimeout, ModelNotReady, NotFound, ServingError, Unavailable,
-                                   Unprocessable)
+from serving.worker.errors import (BadRequest, ModelNotReady, NotFound, ServingError, Unavailable, Unprocessable,
+                                   user_code_error)
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
 from serving.worker.version_stats import VersionStatistics
@@ -147,12 +147,10 @@ class DataPlane:
             status = 200
             self.shadow.fire(copies, target, answer)
             return Answer(target, answer)
-        except UserCodeTimeout as exc:
-            status = 504
-            raise GatewayTimeout(str(exc)) from None
-        except PreprocessError as exc:
-            status = 422
-            raise Unprocessable(str(exc)) from None
+        except PreprocessError as exc:  # preprocess.py's deadline or refusal
+            error = user_code_error(exc)
+            status = error.status
+            raise error from None
         except ServingError as exc:
             status = exc.status
             raise

@@ -2,6 +2,7 @@
 the data plane says. Never a 500 with a traceback."""
 from __future__ import annotations
 
+from preprocess.base import PreprocessError, UserCodeTimeout
 from serving.errors import (BadGateway, BadRequest, Forbidden, GatewayTimeout, NotFound, PayloadTooLarge,
                             ServiceError, TooManyRequests, Unauthorized, Unavailable, Unprocessable,
                             UnsupportedMediaType)
@@ -10,7 +11,7 @@ ServingError = ServiceError  # the name the worker's modules use
 
 __all__ = ["BadGateway", "BadRequest", "Forbidden", "GatewayTimeout", "ModelNotReady", "NotFound",
            "PayloadTooLarge", "ServingError", "TooManyRequests", "Unauthorized", "Unavailable", "Unprocessable",
-           "UnsupportedMediaType", "brief"]
+           "UnsupportedMediaType", "brief", "user_code_error"]
 
 
 def brief(message: object, limit: int = 240) -> str:
@@ -24,3 +25,10 @@ def brief(message: object, limit: int = 240) -> str:
 
 class ModelNotReady(Unavailable):
     """The engine has not loaded this model version yet (a canary just added, Triton restarting)."""
+
+
+def user_code_error(exc: PreprocessError) -> ServingError:
+    """What the client sees when preprocess.py failed: its deadline passed (504), or it refused the input (422)."""
+    if isinstance(exc, UserCodeTimeout):
+        return GatewayTimeout(str(exc))
+    return Unprocessable(str(exc))

@@ -20,9 +20,9 @@ from typing import Any, AsyncIterator, Callable
 
 import orjson
 
-from preprocess.base import PreprocessError, UserCodeTimeout
+from preprocess.base import PreprocessError
 from serving.worker.dataplane import DataPlane, RequestStats
-from serving.worker.errors import BadRequest, GatewayTimeout, NotFound, ServingError, Unprocessable
+from serving.worker.errors import BadRequest, NotFound, ServingError, user_code_error
 from serving.worker.generation_timing import GenerationTimer
 from serving.worker.llm_shadow import LlmShadow, StreamText, choice_texts
 from serving.worker.runtime import EndpointRuntime, Target
@@ -117,12 +117,10 @@ class Generation:
             status = 200
             self.shadow.fire(copies, target, route, texts)
             return Generated(target, body=answer)
-        except UserCodeTimeout as exc:
-            status = 504
-            raise GatewayTimeout(str(exc)) from None
-        except PreprocessError as exc:
-            status = 422
-            raise Unprocessable(str(exc)) from None
+        except PreprocessError as exc:  # preprocess.py's deadline or refusal
+            error = user_code_error(exc)
+            status = error.status
+            raise error from None
         except ServingError as exc:
             status = exc.status
             raise
