@@ -130,30 +130,14 @@ class VllmEngine:
     async def post(self, target: Target, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """A non-streaming call (``route``: ``chat/completions``, ``completions``, ``embeddings``);
         ``body["model"]``: the client's name of the model, put back in the answer."""
-        up = await self.upstream(target)
-        try:
-            r = await self.client().post(f"{up.url}/{route}", content=_encode(body, up))
-        except httpx.TimeoutException:
-            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
-                                 f"{self.timeout.read:g} s") from None
-        except httpx.HTTPError as exc:
-            raise self._down(target, exc) from None
+        r, up = await self._send(target, route, body, stream=False)
         if r.status_code != 200:
             raise _refused(r.status_code, r.content, up, target, body["model"])
         return _decode(r.content, up, target, body["model"])
 
     async def stream(self, target: Target, route: str, body: dict[str, Any]) -> "EngineStream":
         """Open a streaming call; an error before the first event is raised here, with its status."""
-        up = await self.upstream(target)
-        client = self.client()
-        try:
-            response = await client.send(client.build_request("POST", f"{up.url}/{route}", content=_encode(body, up)),
-                                         stream=True)
-        except httpx.TimeoutException:
-            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
-                                 f"{self.timeout.read:g} s") from None
-        except httpx.HTTPError as exc:
-            raise self._down(target, exc) from None
+        response, up = await self._send(target, route, body, stream=True)
         if response.status_code != 200:
             try:
                 raw = await response.aread()
@@ -161,6 +145,20 @@ class VllmEngine:
                 await response.aclose()
             raise _refused(response.status_code, raw, up, target, body["model"])
         return EngineStream(response, up, body["model"], lambda exc: self._down(target, exc))
+
+    async def _send(self, target: Target, route: str, body: dict[str, Any],
+                    stream: bool) -> tuple[httpx.Response, Upstream]:
+        """One call to the engine: past the read timeout a 504, an engine that cannot be reached a 503."""
+        up = await self.upstream(target)
+        client = self.client()
+        try:
+            request = client.build_request("POST", f"{up.url}/{route}", content=_encode(body, up))
+            return await client.send(request, stream=stream), up
+        except httpx.TimeoutException:
+            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
+                                 f"{self.timeout.read:g} s") from None
+        except httpx.HTTPError as exc:
+            raise self._down(target, exc) from None
 
     def _down(self, target: Target, exc: Exception) -> Unavailable:
         self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
