@@ -138,22 +138,29 @@ class Generation:
         OpenAI error event (the status line is long gone)."""
         status, usage, text = CLIENT_CLOSED, None, StreamText()
         try:
-            async for event in stream.events():
-                if event is None:  # the end: a client may hang up as soon as it reads it
-                    status = 200
-                    yield b"data: [DONE]\n\n"
-                    continue
-                if "ttft_s" not in stats.extra:
-                    stats.extra["ttft_s"] = time.perf_counter() - stats.t0
-                if event.get("usage"):
-                    usage = event["usage"]
-                timer.chunk(event)
-                text.add(event)
-                if not wants_usage:
-                    if event.get("usage") and not event.get("choices"):
+            async for batch in stream.batches():
+                out: list[bytes] = []
+                for item in batch:
+                    event = item.event
+                    if event is None:  # the end: a client may hang up as soon as it reads it
+                        status = 200
+                        out.append(b"data: [DONE]\n\n")
                         continue
-                    event.pop("usage", None)
-                yield b"data: " + orjson.dumps(event) + b"\n\n"
+                    if "ttft_s" not in stats.extra:
+                        stats.extra["ttft_s"] = time.perf_counter() - stats.t0
+                    if event.get("usage"):
+                        usage = event["usage"]
+                    timer.chunk(event)
+                    text.add(event)
+                    data = item.data
+                    if not wants_usage and "usage" in event:
+                        if event["usage"] and not event.get("choices"):
+                            continue
+                        event.pop("usage")
+                        data = orjson.dumps(event)
+                    out.append(b"data: " + data + b"\n\n")
+                if out:  # the events of one read from the engine, in one write
+                    yield b"".join(out)
             status = 200
         except ServingError as exc:
             status = exc.status

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable, Iterable
 import httpx
 import orjson
 
+from serving.worker.engines.sse import DONE, SseEvent, read_events
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
 from serving.worker.llm_tokens import PromptCounter
 from serving.worker.runtime import Target
@@ -166,32 +167,49 @@ class VllmEngine:
                            f"({type(exc).__name__}: {brief(exc) or 'connection failed'})", retry_after_s=RETRY_AFTER_S)
 
 
+@dataclass
+class StreamEvent:
+    event: dict[str, Any] | None  # the parsed event, the model renamed; None for the stream's ``[DONE]``
+    data: bytes                   # its JSON as the engine wrote it, the model renamed, to pass on as is
+
+
 class EngineStream:
-    """An engine's Server-Sent Events, one parsed event at a time (``None`` for ``[DONE]``), with the
-    model's name rewritten back; closing it closes the upstream connection."""
+    """An engine's Server-Sent Events, parsed, the events of one read together (sse.py), with the
+    model's name rewritten back in place (the event is not written again); closing it closes the
+    upstream connection."""
 
     def __init__(self, response: httpx.Response, up: Upstream, public: str,
                  down: Callable[[Exception], Unavailable]) -> None:
         self.response, self.up, self.public, self.down = response, up, public, down
+        self._served_field = b'"model":' + orjson.dumps(up.served_model_name)
+        self._public_field = b'"model":' + orjson.dumps(public)
 
-    async def events(self) -> AsyncIterator[dict[str, Any] | None]:
+    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         try:
-            async for line in self.response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    yield None
-                    continue
-                event = orjson.loads(data)
-                if isinstance(event, dict):
-                    if event.get("model") == self.up.served_model_name:
-                        event["model"] = self.public
-                    yield event
+            async for events in read_events(self.response.aiter_bytes()):
+                yield [item for item in map(self._parsed, events) if item is not None]
         except httpx.TimeoutException as exc:
             raise self.down(exc) from None
         except httpx.HTTPError as exc:
             raise self.down(exc) from None
+
+    def _parsed(self, sse: SseEvent) -> StreamEvent | None:
+        if sse.data.strip() == DONE:
+            return StreamEvent(None, DONE)
+        try:
+            event = orjson.loads(sse.data)
+        except orjson.JSONDecodeError:
+            raise BadGateway(f"the LLM engine of {self.up.served_model_name} sent an event that is not JSON: "
+                             f"{brief(sse.data.decode(errors='replace'))}") from None
+        if not isinstance(event, dict):
+            return None
+        data = sse.data
+        if event.get("model") == self.up.served_model_name:
+            event["model"] = self.public
+            # the field as vLLM writes it (no spaces): a key, never inside a string, where quotes are escaped
+            data = (data.replace(self._served_field, self._public_field, 1) if self._served_field in data
+                    else orjson.dumps(event))
+        return StreamEvent(event, data)
 
     async def aclose(self) -> None:
         await self.response.aclose()

@@ -21,7 +21,7 @@ from fastapi.responses import StreamingResponse
 from serving.worker.errors import PayloadTooLarge, ServingError
 from serving.worker.frontends.body import json_response, parse_json, read_body
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER
-from serving.worker.generation import ROUTES, Generation, InvalidRequest, split_model
+from serving.worker.generation import CLIENT_CLOSED, ROUTES, Generation, InvalidRequest, split_model
 from serving.worker.openai_schema import checked
 
 PREFIX = "/serve/openai/v1"
@@ -68,15 +68,26 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
+class ClientGone(ServingError):
+    """The client hung up before its answer: nobody reads this status (nginx's 499), but the request ends
+    as an answer, not as a cancelled task the server would log as a failure."""
+
+    status = CLIENT_CLOSED
+
+
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """``work``, cancelled if the client disconnects first (the body is read: the next message is the
-    disconnect)."""
+    disconnect); cancelling it closes the engine's connection, and the engine stops generating."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(request.receive())
     try:
         done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task not in done and watch.result().get("type") == "http.disconnect":
             task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                raise ClientGone("the client closed the connection before the answer") from None
         return await task
     finally:
         watch.cancel()
