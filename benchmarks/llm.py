@@ -14,8 +14,10 @@ chunks), p50 and p99, and the ratios platform/direct. Keys and statistics are of
 (as a bare ``serving worker``), so what is measured is the data plane's relay.
 
 CPU split: vLLM's CPU backend binds its compute threads to the cores it is given; the engine is
-started under ``taskset -c 0`` and the worker (and the driver) under ``taskset -c 1`` where the
-machine has two cores or more. Writes ``results/llm.json`` and ``results/llm.png``.
+started under ``taskset -c 0`` and the worker under ``taskset -c 1`` where the machine has two cores
+or more; the driver runs anywhere, or on ``--driver-core``. Each level also reports the CPU time the
+engine, the worker and the driver spent per output token (where the overhead goes). Writes
+``results/llm.json`` and ``results/llm.png``.
 """
 from __future__ import annotations
 
@@ -33,10 +35,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
+import psutil
 from rich.console import Console
 from rich.table import Table
 
 from benchmarks.procs import REPO, child_env, free_port, stop, wait_http
+from serving.worker.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VLLM_PYTHON = Path(os.environ.get("SERVING_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
@@ -56,6 +61,7 @@ class Level:
     wall_s: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of the level: engine, worker, driver
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,7 +73,9 @@ class Level:
         return {"system": self.system, "streams": self.streams, "requests": self.requests, "errors": self.errors,
                 "output_tokens": self.output_tokens, "wall_s": self.wall_s, "tokens_per_s": self.tokens_per_s,
                 "ttft_p50_ms": pct(self.ttft_s, 50), "ttft_p99_ms": pct(self.ttft_s, 99),
-                "itl_p50_ms": pct(self.itl_s, 50), "itl_p99_ms": pct(self.itl_s, 99)}
+                "itl_p50_ms": pct(self.itl_s, 50), "itl_p99_ms": pct(self.itl_s, 99),
+                "cpu_s": self.cpu_s, "cpu_us_per_token": {k: v / self.output_tokens * 1e6 if self.output_tokens
+                                                          else None for k, v in self.cpu_s.items()}}
 
 
 async def one_stream(client: httpx.AsyncClient, url: str, body: dict, level: Level) -> None:
@@ -80,14 +88,16 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict, level: Lev
             await r.aread()
             level.errors += 1
             return
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if any(c.get("text") for c in event.get("choices") or ()):
-                stamps.append(time.perf_counter())
-            if event.get("usage"):
-                tokens = int(event["usage"].get("completion_tokens") or 0)
+        async for batch in read_events(r.aiter_bytes()):  # the worker's own SSE reader: CR/LF end lines, no more
+            now = time.perf_counter()
+            for sse in batch:
+                if sse.data == DONE:
+                    continue
+                event = orjson.loads(sse.data)
+                if any(c.get("text") for c in event.get("choices") or ()):
+                    stamps.append(now)
+                if event.get("usage"):
+                    tokens = int(event["usage"].get("completion_tokens") or 0)
     if not stamps:
         level.errors += 1
         return
@@ -119,7 +129,7 @@ async def drive(system: str, url: str, model: str, streams: int, rounds: int, ma
 def cores() -> tuple[list[str], list[str], str]:
     """taskset prefixes for the engine and the worker, and the split in words."""
     if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
-        return ["taskset", "-c", "0"], ["taskset", "-c", "1"], "engine on core 0, worker and driver on core 1"
+        return ["taskset", "-c", "0"], ["taskset", "-c", "1"], "engine on core 0, worker on core 1"
     return [], [], "one core: engine and worker share it"
 
 
@@ -174,12 +184,28 @@ class Stack:
         for proc in reversed(self.procs):
             stop(proc)
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU of the engine's and the worker's process trees so far (uvicorn serves in a
+        child of ``serving worker``; vLLM computes in children of its API server)."""
+        out = {}
+        for name, proc in (("engine", self.procs[0]), ("worker", self.procs[-1])):
+            total = 0.0
+            try:
+                root = psutil.Process(proc.pid)
+                for p in (root, *root.children(recursive=True)):
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except psutil.Error:
+                pass
+            out[name] = total
+        return out
+
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run(streams: list[int], max_tokens: int, rounds: int, root: Path) -> dict:
+def run(streams: list[int], max_tokens: int, rounds: int, root: Path, driver_core: int | None = None) -> dict:
     from serving.testmodels_llm import build_tiny_llama
 
     if not VLLM_PYTHON.exists():
@@ -191,16 +217,23 @@ def run(streams: list[int], max_tokens: int, rounds: int, root: Path) -> dict:
     loads: list[str] = []
     try:
         stack.start(bundle.path)
+        if driver_core is not None:  # after the stack started: its processes keep their own cores
+            os.sched_setaffinity(0, {driver_core})
         for n in streams:
             for system, url, model in (("direct", f"{stack.engine_url}/v1/completions", "tiny"),
                                        ("platform", f"{stack.worker_url}/serve/openai/v1/completions", ENDPOINT)):
+                before, driver0 = stack.cpu_seconds(), time.process_time()
                 level = asyncio.run(drive(system, url, model, n, rounds, max_tokens))
+                after = stack.cpu_seconds()
+                level.cpu_s = {**{k: after[k] - before[k] for k in after}, "driver": time.process_time() - driver0}
                 levels.append(level.summary())
                 loads.append(load_average())
                 console.print(f"{system:8} streams={n:<3} {level.tokens_per_s:8.1f} tok/s  errors={level.errors}")
     finally:
         stack.stop()
-    return {"streams": streams, "max_tokens": max_tokens, "rounds": rounds, "cpu_split": stack.split,
+    driver = "any core" if driver_core is None else f"core {driver_core}"
+    return {"streams": streams, "max_tokens": max_tokens, "rounds": rounds,
+            "cpu_split": f"{stack.split}; driver on {driver}",
             "load_average": loads, "levels": levels, "ratios": ratios(levels),
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count()}
 
@@ -224,13 +257,14 @@ def ratios(levels: list[dict]) -> list[dict]:
 def print_table(result: dict) -> None:
     table = Table(title=f"LLM streaming, {result['max_tokens']} tokens a request ({result['cpu_split']})")
     for col in ("system", "streams", "req", "err", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
-                "ITL p99 ms"):
+                "ITL p99 ms", "CPU µs/tok engine", "worker", "driver"):
         table.add_column(col, justify="right")
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     for lv in result["levels"]:
         table.add_row(lv["system"], str(lv["streams"]), str(lv["requests"]), str(lv["errors"]),
                       fmt(lv["tokens_per_s"]), fmt(lv["ttft_p50_ms"]), fmt(lv["ttft_p99_ms"]),
-                      fmt(lv["itl_p50_ms"]), fmt(lv["itl_p99_ms"]))
+                      fmt(lv["itl_p50_ms"]), fmt(lv["itl_p99_ms"]),
+                      *(fmt(lv["cpu_us_per_token"].get(k)) for k in ("engine", "worker", "driver")))
     console.print(table)
     for r in result["ratios"]:
         console.print(f"streams {r['streams']:>3}: tokens/s platform/direct {r['tokens_per_s']:.3f}, "
@@ -271,12 +305,14 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="requests in a row per stream at each level")
     p.add_argument("--quick", action="store_true", help="1 and 2 streams, 8 tokens, one round (a smoke run)")
+    p.add_argument("--driver-core", type=int, default=None,
+                   help="pin the load driver to this core (default: any; the engine has core 0, the worker core 1)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where llm.json and llm.png go")
     args = p.parse_args(argv)
     streams = [1, 2] if args.quick else [int(s) for s in args.streams.split(",") if s.strip()]
     max_tokens, rounds = (8, 1) if args.quick else (args.max_tokens, args.rounds)
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
-        result = run(streams, max_tokens, rounds, Path(tmp))
+        result = run(streams, max_tokens, rounds, Path(tmp), args.driver_core)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "llm.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "llm.png")
