@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 import numpy as np
 import orjson
 import psutil
@@ -78,17 +78,18 @@ class Level:
                                                           else None for k, v in self.cpu_s.items()}}
 
 
-async def one_stream(client: httpx.AsyncClient, url: str, body: dict, level: Level) -> None:
+async def one_stream(session: aiohttp.ClientSession, url: str, body: dict, level: Level) -> None:
     """One streaming completion: TTFT to the first chunk with text, ITL between chunks with text."""
     t0 = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
-    async with client.stream("POST", url, json=body) as r:
-        if r.status_code != 200:
-            await r.aread()
+    async with session.post(url, json=body) as r:
+        if r.status != 200:
+            await r.read()
             level.errors += 1
             return
-        async for batch in read_events(r.aiter_bytes()):  # the worker's own SSE reader: CR/LF end lines, no more
+        chunks = (data async for data, _ in r.content.iter_chunks())
+        async for batch in read_events(chunks):  # the worker's own SSE reader: CR/LF end lines, no more
             now = time.perf_counter()
             for sse in batch:
                 if sse.data == DONE:
@@ -109,8 +110,8 @@ async def one_stream(client: httpx.AsyncClient, url: str, body: dict, level: Lev
 
 async def drive(system: str, url: str, model: str, streams: int, rounds: int, max_tokens: int) -> Level:
     level = Level(system, streams)
-    limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=streams + 4)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as client:
         async def worker(i: int) -> None:
             for n in range(rounds):
                 body = {"model": model, "prompt": PROMPTS[(i + n) % len(PROMPTS)], "max_tokens": max_tokens,

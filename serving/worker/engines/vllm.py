@@ -1,8 +1,9 @@
 """Engine ``vllm``: generation runs in vLLM's own OpenAI server, a process apart; the worker is its client.
 
 The worker keeps what it does for every endpoint (routing, keys, preprocess, statistics:
-serving/worker/generation.py) and forwards the OpenAI request over HTTP (httpx, one pooled client
-per worker process). Where a version's engine is:
+serving/worker/generation.py) and forwards the OpenAI request over HTTP (aiohttp, one pooled session
+per worker process: its C parser costs a streamed token about half the CPU httpx's stack did,
+measured in docs/benchmarks.md). Where a version's engine is:
 
 - external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``), its
   model named ``served_model_name`` there (default: the model's name);
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable
 
+import aiohttp
 import httpx
 import orjson
 
@@ -60,18 +62,18 @@ class VllmEngine:
 
     def __init__(self, launcher_url: str, timeout_s: float, counter: PromptCounter) -> None:
         self.launcher_url = launcher_url.rstrip("/")
-        self.timeout = httpx.Timeout(timeout_s, connect=5.0)
+        self.timeout_s = timeout_s
         self.tokens = counter
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._map: dict[str, Any] = {}
         self._map_at = 0.0
 
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:  # in the worker's event loop, on first use
-            self._client = httpx.AsyncClient(timeout=self.timeout, headers={"content-type": "application/json"},
-                                             limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=64))
-        return self._client
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:  # in the worker's event loop, on first use
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=0), headers={"content-type": "application/json"})
+        return self._session
 
     # --- engine interface -------------------------------------------------------------
     def prepare(self, target: Target) -> None:
@@ -96,8 +98,8 @@ class VllmEngine:
         return await asyncio.to_thread(self.is_ready, target)
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     # --- where a version's engine is ----------------------------------------------------
     async def upstream(self, target: Target) -> Upstream:
@@ -119,9 +121,10 @@ class VllmEngine:
         if not fresh and time.monotonic() - self._map_at < MAP_TTL_S:
             return self._map
         try:
-            r = await self.client().get(f"{self.launcher_url}/engines", timeout=5.0)
-            self._map = dict(r.json()["engines"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            async with self.session().get(f"{self.launcher_url}/engines",
+                                          timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+                self._map = dict(orjson.loads(await r.read())["engines"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
             raise Unavailable(f"the LLM launcher at {self.launcher_url} does not answer ({type(exc).__name__})",
                               retry_after_s=RETRY_AFTER_S) from None
         self._map_at = time.monotonic()
@@ -131,35 +134,42 @@ class VllmEngine:
     async def post(self, target: Target, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """A non-streaming call (``route``: ``chat/completions``, ``completions``, ``embeddings``);
         ``body["model"]``: the client's name of the model, put back in the answer."""
-        r, up = await self._send(target, route, body, stream=False)
-        if r.status_code != 200:
-            raise _refused(r.status_code, r.content, up, target, body["model"])
-        return _decode(r.content, up, target, body["model"])
+        response, up = await self._send(target, route, body)
+        raw = await self._read(target, response)
+        if response.status != 200:
+            raise _refused(response.status, raw, up, target, body["model"])
+        return _decode(raw, up, target, body["model"])
 
     async def stream(self, target: Target, route: str, body: dict[str, Any]) -> "EngineStream":
         """Open a streaming call; an error before the first event is raised here, with its status."""
-        response, up = await self._send(target, route, body, stream=True)
-        if response.status_code != 200:
-            try:
-                raw = await response.aread()
-            finally:
-                await response.aclose()
-            raise _refused(response.status_code, raw, up, target, body["model"])
-        return EngineStream(response, up, body["model"], lambda exc: self._down(target, exc))
+        response, up = await self._send(target, route, body)
+        if response.status != 200:
+            raise _refused(response.status, await self._read(target, response), up, target, body["model"])
+        return EngineStream(response, up, body["model"], lambda exc: self._failed(target, exc))
 
-    async def _send(self, target: Target, route: str, body: dict[str, Any],
-                    stream: bool) -> tuple[httpx.Response, Upstream]:
-        """One call to the engine: past the read timeout a 504, an engine that cannot be reached a 503."""
+    async def _send(self, target: Target, route: str, body: dict[str, Any]) -> tuple[aiohttp.ClientResponse, Upstream]:
+        """One call to the engine, up to its status line; a call cancelled on the way (the client left)
+        closes its connection, which is how the engine learns to stop."""
         up = await self.upstream(target)
-        client = self.client()
         try:
-            request = client.build_request("POST", f"{up.url}/{route}", content=_encode(body, up))
-            return await client.send(request, stream=stream), up
-        except httpx.TimeoutException:
-            raise GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
-                                 f"{self.timeout.read:g} s") from None
-        except httpx.HTTPError as exc:
-            raise self._down(target, exc) from None
+            return await self.session().post(f"{up.url}/{route}", data=_encode(body, up)), up
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._failed(target, exc) from None
+
+    async def _read(self, target: Target, response: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await response.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._failed(target, exc) from None
+        finally:
+            response.release()
+
+    def _failed(self, target: Target, exc: Exception) -> ServingError:
+        """Past the read timeout a 504; an engine that cannot be reached, or broke the connection, a 503."""
+        if isinstance(exc, asyncio.TimeoutError) and not isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return GatewayTimeout(f"the LLM engine of {served_name(target)} did not answer within "
+                                  f"{self.timeout_s:g} s")
+        return self._down(target, exc)
 
     def _down(self, target: Target, exc: Exception) -> Unavailable:
         self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
@@ -178,20 +188,18 @@ class EngineStream:
     model's name rewritten back in place (the event is not written again); closing it closes the
     upstream connection."""
 
-    def __init__(self, response: httpx.Response, up: Upstream, public: str,
-                 down: Callable[[Exception], Unavailable]) -> None:
-        self.response, self.up, self.public, self.down = response, up, public, down
+    def __init__(self, response: aiohttp.ClientResponse, up: Upstream, public: str,
+                 failed: Callable[[Exception], ServingError]) -> None:
+        self.response, self.up, self.public, self.failed = response, up, public, failed
         self._served_field = b'"model":' + orjson.dumps(up.served_model_name)
         self._public_field = b'"model":' + orjson.dumps(public)
 
     async def batches(self) -> AsyncIterator[list[StreamEvent]]:
         try:
-            async for events in read_events(self.response.aiter_bytes()):
+            async for events in read_events(data async for data, _ in self.response.content.iter_chunks()):
                 yield [item for item in map(self._parsed, events) if item is not None]
-        except httpx.TimeoutException as exc:
-            raise self.down(exc) from None
-        except httpx.HTTPError as exc:
-            raise self.down(exc) from None
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self.failed(exc) from None
 
     def _parsed(self, sse: SseEvent) -> StreamEvent | None:
         if sse.data.strip() == DONE:
@@ -212,7 +220,12 @@ class EngineStream:
         return StreamEvent(event, data)
 
     async def aclose(self) -> None:
-        await self.response.aclose()
+        """A stream read to its end keeps its connection for the next call; one cut short closes it,
+        and the engine aborts the generation."""
+        if self.response.content.at_eof():
+            self.response.release()
+        else:
+            self.response.close()
 
 
 def _health(base_url: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 import orjson
 import pytest
 
@@ -49,15 +49,33 @@ def test_a_last_event_without_its_empty_line_still_counts():
     assert read(b"data: 1\n\ndata: 2") == [[SseEvent(b"1")], [SseEvent(b"2")]]
 
 
-def stream_of(body: bytes, served: str = "llama:1", public: str = "chat") -> EngineStream:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))  # bytes, not an engine
+def stream_of(body: bytes, served: str = "llama:1", public: str = "chat") -> list:
+    """``body`` sent by a real HTTP server on a loopback port (aiohttp's, standing in for the engine's
+    bytes), read by the worker's EngineStream."""
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=body, content_type="text/event-stream")
 
     async def events():
-        async with httpx.AsyncClient(transport=transport) as client:
-            async with client.stream("POST", "http://engine/v1/completions") as response:
-                stream = EngineStream(response, Upstream("http://engine/v1", served), public,
+        app = web.Application()
+        app.router.add_post("/v1/completions", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                response = await session.post(f"http://127.0.0.1:{port}/v1/completions")
+                stream = EngineStream(response, Upstream(f"http://127.0.0.1:{port}/v1", served), public,
                                       lambda exc: Unavailable(str(exc)))
-                return [item async for batch in stream.batches() for item in batch]
+                try:
+                    return [item async for batch in stream.batches() for item in batch]
+                finally:
+                    await stream.aclose()
+        finally:
+            await runner.cleanup()
     return asyncio.run(events())
 
 
