@@ -29,6 +29,9 @@ from serving.worker.runtime import EndpointRuntime, Target
 
 ROUTES = ("chat/completions", "completions", "embeddings")
 CLIENT_CLOSED = 499  # the status a request's event gets when its client went away first
+# a prompt up to this size (as JSON) is counted on the event loop: its tokens take ~20 µs to count here,
+# a hop to a thread ~90 µs, and 32 streams starting at once queued those hops into their TTFT
+INLINE_COUNT_BYTES = 2_000
 
 
 class InvalidRequest(BadRequest):
@@ -196,6 +199,12 @@ async def _preprocess(processor: Any, request: dict[str, Any], state: dict, stat
     return {**changed, "model": request["model"]}
 
 
+def _count(engine: Any, target: Target, field: str, request: dict[str, Any]) -> list[int | None] | None:
+    if field == "messages":
+        return [engine.tokens.chat(target, request)]
+    return engine.tokens.prompts(target, request["prompt"])
+
+
 async def _check_context(engine: Any, target: Target, route: str, request: dict[str, Any]) -> None:
     """Prompt tokens + max_tokens must fit the model's context (at least one token when max_tokens is unset)."""
     limit = int(target.engine_options.get("max_model_len") or target.llm.get("max_model_len") or 0)
@@ -203,10 +212,10 @@ async def _check_context(engine: Any, target: Target, route: str, request: dict[
         return
     field = "messages" if route == "chat/completions" else "prompt"
     try:
-        if field == "messages":
-            counts = [await asyncio.to_thread(engine.tokens.chat, target, request)]
-        else:
-            counts = await asyncio.to_thread(engine.tokens.prompts, target, request["prompt"])
+        if engine.tokens.loaded(target) and len(orjson.dumps(request[field])) <= INLINE_COUNT_BYTES:
+            counts = _count(engine, target, field, request)
+        else:  # a long text (or a tokenizer still to read): the event loop goes on meanwhile
+            counts = await asyncio.to_thread(_count, engine, target, field, request)
     except Exception as exc:  # a chat template that refuses these messages: vLLM would refuse them too
         raise InvalidRequest(f"the {field} cannot be rendered with the model's tokenizer: "
                              f"{type(exc).__name__}: {exc}", param=field) from None

@@ -115,6 +115,10 @@ class PromptCounter:
         with self._lock:
             return self._tokenizers.setdefault(artifact, tokenizer)
 
+    def loaded(self, target: Target) -> bool:
+        """Counting for ``target`` needs no file read (its tokenizer is loaded, or it has none)."""
+        return not target.artifact or target.artifact in self._tokenizers
+
     def tokenizer(self, target: Target) -> Any:
         """The version's tokenizer, or None when it has no artifact (an external engine's model)."""
         return self._load(target.artifact) if target.artifact else None
