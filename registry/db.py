@@ -1,11 +1,13 @@
 """Database engine and schema migration (Alembic) for SQLite and PostgreSQL."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import sessionmaker
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -36,11 +38,19 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(engine: Engine) -> None:
-    """Bring the schema to the newest migration; safe to run on every start."""
+@contextmanager
+def migrations(engine: Engine) -> Iterator[tuple[Connection, Config]]:
+    """An Alembic config bound to one transaction on ``engine`` (env.py runs on the connection handed in):
+    what starts use to upgrade, and what migration tests use to stop at a revision and look."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
+        yield conn, cfg
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest migration; safe to run on every start."""
+    with migrations(engine) as (_, cfg):
         command.upgrade(cfg, "head")
 
 

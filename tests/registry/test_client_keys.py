@@ -121,14 +121,12 @@ def test_migration_0006_tokens_per_minute_on_sqlite_and_postgresql(database_url,
     from sqlalchemy import inspect, text
 
     from registry.api import create_app
-    from registry.db import alembic_config, make_engine
+    from registry.db import make_engine, migrations
     from serving.settings import ControlPlaneSettings
     from tests.support import auth
 
     engine = make_engine(database_url)
-    cfg = alembic_config(database_url)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+    with migrations(engine) as (conn, cfg):
         command.upgrade(cfg, "0005")
         conn.execute(text("INSERT INTO client_keys (name, key_hash, created_at, revoked) "
                           "VALUES ('old', :h, CURRENT_TIMESTAMP, :f)"), {"h": "0" * 64, "f": False})
@@ -143,8 +141,7 @@ def test_migration_0006_tokens_per_minute_on_sqlite_and_postgresql(database_url,
         assert made["tokens_per_minute"] == 12000 and made["rate"] is None
         assert admin.get("/config").json()["client_keys"]["llm"]["tokens_per_minute"] == 12000
     engine = make_engine(database_url)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+    with migrations(engine) as (conn, cfg):
         command.downgrade(cfg, "0005")
         assert "tokens_per_minute" not in {c["name"] for c in inspect(conn).get_columns("client_keys")}
         command.upgrade(cfg, "head")

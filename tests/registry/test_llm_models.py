@@ -173,12 +173,10 @@ def test_migration_0005_on_sqlite_and_postgresql(database_url, tmp_path):
     from alembic import command
     from sqlalchemy import text
 
-    from registry.db import alembic_config, make_engine
+    from registry.db import make_engine, migrations
 
     engine = make_engine(database_url)
-    cfg = alembic_config(database_url)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+    with migrations(engine) as (conn, cfg):
         command.upgrade(cfg, "0004")
         conn.execute(text("INSERT INTO endpoints (name, engine, preprocess, batching, log_freq, io, auto_update, "
                           "created_at) VALUES ('old', 'triton', '{}', '{}', 1.0, '{}', '{}', CURRENT_TIMESTAMP)"))
