@@ -105,8 +105,9 @@ def _tensor_specs(target: TritonTarget) -> dict[str, list[dict[str, Any]]]:
     writes config.pbtxt's inputs from --input-name/--input-type/--input-size); else none, and Triton
     auto-completes them from the model where its backend can."""
     sig = target.signature or {}
-    if sig.get("inputs") or sig.get("outputs"):
-        return {side: list(sig.get(side) or []) for side in ("inputs", "outputs")}
+    if sig.get("inputs") or sig.get("outputs"):  # with the max_batch_size a model's own declaration fixes
+        return {**{side: list(sig.get(side) or []) for side in ("inputs", "outputs")},
+                **({"max_batch_size": sig["max_batch_size"]} if "max_batch_size" in sig else {})}
     io = target.io or {}
     complete = all(t.get("dtype") and t.get("shape") is not None for side in ("inputs", "outputs")
                    for t in io.get(side) or [])
