@@ -12,8 +12,6 @@ Endpoints with equal options share an engine.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import httpx
 import psutil
@@ -24,7 +22,8 @@ from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama, greedy_reference
 from tests.serving.stack import make_stack
 from tests.support.ci import cannot_run, require_module
-from tests.support.procs import REPO, wait_until
+from tests.serving.llm.test_openai_e2e import cli
+from tests.support.procs import wait_until
 
 openai = require_module("openai")
 
@@ -33,13 +32,6 @@ PROMPTS = ["serving large language", "thank you", "the quick brown fox", "a mode
 TOKENS = 16
 F32 = engine_key("test vllm", 1, {"dtype": "float32"})
 pytestmark = pytest.mark.timeout(START_S + 240)
-
-
-def cli(stack, *args: str) -> str:
-    res = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=stack.env, cwd=REPO,
-                         capture_output=True, text=True, timeout=START_S + 60)
-    assert res.returncode == 0, f"serving {' '.join(args)}:\n{res.stdout}\n{res.stderr}"
-    return res.stdout
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def llm(tmp_path_factory):
         cli(stack, "model", "add", "--model-id", "test vllm:1", "--engine", "vllm", "--endpoint", "test_vllm_f32",
             "--aux-config", "dtype=float32")
         cli(stack, "model", "add", "--model-id", "test vllm:1", "--engine", "vllm", "--endpoint", "again_f32",
-            "--aux-config", "dtype=float32", "--wait", "--wait-timeout", str(START_S))
+            "--aux-config", "dtype=float32", "--wait", "--wait-timeout", str(START_S), timeout=START_S + 60)
         for name in ("test_vllm", "test_vllm_f32"):
             wait_until(lambda: httpx.get(f"{stack.control_plane}/endpoints/{name}/status", timeout=5,
                                          headers=stack.headers()).json()["state"] == "ready", START_S, f"{name} ready")
