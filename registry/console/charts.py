@@ -6,10 +6,16 @@ data (no requests in an interval) is a gap in the line, never a zero.
 """
 from __future__ import annotations
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
+from markupsafe import escape as _escape
 
 W, H, PAD = 420, 140, 28
 STYLES = [("#1f5fbf", ""), ("#b34700", "6 3"), ("#2e7d32", "2 2"), ("#6a1b9a", "8 3 2 3")]
+
+
+def escape(text: str) -> str:
+    """Escaped as a plain str (str + Markup would escape the str side again)."""
+    return str(_escape(text))
 
 
 def _scale(values: list[float]) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from registry.console.stats import Statistics
 
 HERE = Path(__file__).parent
 MAX_FORM_BYTES = 256 * 1024
+REFRESH_HEADER = "x-console-refresh"  # console.js re-reading a page's live regions
 
 
 class SignInNeeded(Exception):
@@ -54,7 +55,7 @@ class Console:
     def render(self, request: Request, template: str, session: Session | None, status: int = 200,
                **context: Any) -> HTMLResponse:
         flash = None
-        if session is not None:
+        if session is not None and REFRESH_HEADER not in request.headers:  # a live refresh leaves it to the page
             flash, session.notice = session.notice, None
         return self.templates.TemplateResponse(request, template, {"session": session, "flash": flash, **context},
                                                status_code=status)

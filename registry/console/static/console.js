@@ -6,7 +6,7 @@
 (function () {
   "use strict";
   function refresh() {
-    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html", "X-Console-Refresh": "1" } })
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (!html) { return; }

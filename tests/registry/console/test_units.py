@@ -1,0 +1,77 @@
+"""The console's parts without a browser: reading /metrics, the charts, sessions and CSRF."""
+from __future__ import annotations
+
+import math
+
+from registry.console.charts import line_chart
+from registry.console.sessions import SessionBook
+from registry.console.stats import Figures, Statistics, between, parse
+
+METRICS = """\
+# TYPE serving_requests counter
+serving_requests_total{endpoint="e",version="1",status="200"} 8
+serving_requests_total{endpoint="e",version="1",status="500"} 2
+serving_requests_total{endpoint="e",version="2",status="200"} 5
+# TYPE serving_request_latency_seconds histogram
+serving_request_latency_seconds_bucket{endpoint="e",version="1",le="0.01"} 4
+serving_request_latency_seconds_bucket{endpoint="e",version="1",le="0.1"} 10
+serving_request_latency_seconds_bucket{endpoint="e",version="1",le="+Inf"} 10
+serving_request_latency_seconds_count{endpoint="e",version="1"} 10
+serving_request_latency_seconds_sum{endpoint="e",version="1"} 0.3
+# TYPE serving_drift_psi gauge
+serving_drift_psi{endpoint="e",version="1",variable="a"} 0.05
+serving_drift_psi{endpoint="e",version="1",variable="b"} 0.3
+serving_drift_psi{endpoint="e",version="2",variable="a"} NaN
+# TYPE serving_shadow_label_agreement counter
+serving_shadow_label_agreement_total{endpoint="e",version="2",agree="true"} 3
+serving_shadow_label_agreement_total{endpoint="e",version="2",agree="false"} 1
+"""
+
+
+def test_metrics_are_read_per_version():
+    got = parse(METRICS)
+    v1, v2 = got[("e", "1")], got[("e", "2")]
+    assert (v1.requests, v1.errors, v1.error_rate) == (10, 2, 0.2)
+    assert v1.latency == {0.01: 4, 0.1: 10, math.inf: 10}
+    assert v1.percentile(0.5) == 0.01 + (0.1 - 0.01) * (5 - 4) / (10 - 4)
+    assert v1.max_drift == 0.3 and v2.drift == {}
+    assert (v2.requests, v2.agreement) == (5, 0.75)
+
+
+def test_a_window_is_the_difference_of_two_reads():
+    start = Figures(requests=10, errors=1, latency={0.1: 10, math.inf: 10})
+    end = Figures(requests=30, errors=2, latency={0.1: 20, math.inf: 30})
+    p = between(start, end, 10.0, at=100.0)
+    assert (p.rate, p.errors) == (2.0, 1)
+    assert p.p50_ms == 100.0  # half of the 20 new requests were over 0.1 s: the +Inf bucket's lower edge
+
+
+def test_rates_come_from_the_kept_samples():
+    clock = iter([0.0, 60.0]).__next__
+    stats = Statistics("http://nowhere", clock=clock)
+    stats.samples.extend([(0.0, {("e", "1"): Figures(requests=0)}), (60.0, {("e", "1"): Figures(requests=120)})])
+    assert stats.rate(("e", "1")) == 2.0
+    assert stats.rate(("e", "9")) is None
+
+
+def test_a_chart_draws_each_version_and_says_it_in_words():
+    svg = str(line_chart("Requests <all>", "req/s", {"v1": [(0, 1.0), (10, 2.0)], "v2": [(0, None), (10, 4.0)]}, 0, 10))
+    assert svg.count("<path") == 2 and "&lt;all&gt;" in svg and "<all>" not in svg
+    assert "v1: last 2 req/s; v2: last 4 req/s" in svg
+    assert "<figcaption>" in svg  # nothing of the markup escaped
+
+
+def test_a_session_acts_only_with_its_csrf_token():
+    book = SessionBook()
+    sid = book.open("srv_x", "alice", "viewer")
+    session = book.get(sid)
+    assert session.csrf_ok(session.csrf) and not session.csrf_ok("") and not session.csrf_ok(None)
+    assert not session.csrf_ok(book.get(book.open("srv_y", "bob", "admin")).csrf)
+    assert not session.can_act() and book.get("forged") is None
+    book.close(sid)
+    assert book.get(sid) is None
+
+
+def test_an_idle_session_ends():
+    book = SessionBook(idle_s=-1.0)
+    assert book.get(book.open("srv_x", "alice", "admin")) is None
