@@ -42,6 +42,8 @@ class ControlPlaneSettings(CommonSettings):
     statistics_url: str | None = None
     prometheus_url: str | None = None
     rollout_tick_s: float = 0.5
+    # the web console's playground sends requests here (docs/console.md); unset: the local workers
+    console_data_plane_url: str | None = None
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'registry.db'}"

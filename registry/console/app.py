@@ -7,8 +7,6 @@ workers follow it) or, on pages with figures, every few seconds.
 """
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, StreamingResponse
@@ -26,11 +24,10 @@ KEEPALIVE_S = 15.0
 HUMAN_ROLES = ("viewer", "deployer", "admin")
 
 
-def data_plane_url() -> str:
+def data_plane_url(settings: ControlPlaneSettings) -> str:
     """Where the playground sends requests: SERVING_CONSOLE_DATA_PLANE_URL, else the local workers."""
-    given = os.environ.get("SERVING_CONSOLE_DATA_PLANE_URL")
-    if given:
-        return given.rstrip("/")
+    if settings.console_data_plane_url:
+        return settings.console_data_plane_url.rstrip("/")
     w = WorkerSettings()
     host = "127.0.0.1" if w.worker_host in ("0.0.0.0", "::", "") else w.worker_host
     return f"http://{host}:{w.worker_port}"
@@ -40,7 +37,7 @@ def create_console(parent: FastAPI, settings: ControlPlaneSettings) -> FastAPI:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = lambda v, digits=1: "–" if v is None else f"{v:,.{digits}f}"
     console = Console(api=Api(parent), sessions=SessionBook(), stats=Statistics(settings.resolved_statistics_url()),
-                      data_plane_url=data_plane_url(), broadcaster=parent.state.broadcaster, templates=templates)
+                      data_plane_url=data_plane_url(settings), broadcaster=parent.state.broadcaster, templates=templates)
     app = FastAPI(title="serving console", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     _errors(app, console)
