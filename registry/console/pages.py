@@ -16,7 +16,7 @@ from registry.rollout_metrics import quantile
 WINDOWS = {"15m": 900.0, "1h": 3600.0}
 CHARTS = [("rate", "Requests", "req/s"), ("p50_ms", "Latency p50", "ms"), ("p99_ms", "Latency p99", "ms"),
           ("errors", "Errors", "per interval"), ("drift", "Drift (largest PSI)", "PSI"),
-          ("tokens_per_s", "LLM tokens", "tokens/s"), ("ttft_p99_ms", "LLM TTFT p99", "ms")]
+          ("tokens_per_s", "LLM tokens", "tokens/s"), ("ttft_p99_ms", "LLM TTFT p99", "ms"), ("itl_p99_ms", "LLM inter-token latency p99", "ms")]
 
 
 def version_rows(console: Console, endpoint: dict, figures: dict) -> list[dict[str, Any]]:
@@ -79,7 +79,7 @@ def routes(console: Console) -> APIRouter:
         charts = [line_chart(title, unit, {label: [(p.at, getattr(p, field)) for p in pts]
                                            for label, pts in series.items()}, start, end)
                   for field, title, unit in CHARTS
-                  if not field.startswith(("tokens", "ttft")) or ep["engine"] == "vllm"]
+                  if not field.startswith(("tokens", "ttft", "itl")) or ep["engine"] == "vllm"]
         return console.render(request, "endpoint.html", session, ep=ep, versions=versions, rollouts=rollouts,
                               changes=changes, charts=charts, window=window, windows=list(WINDOWS),
                               stats_error=console.stats.error, page="overview")

@@ -37,6 +37,7 @@ class Figures:
     disagree: float = 0.0
     completion_tokens: float = 0.0
     ttft: dict[float, float] = field(default_factory=dict)
+    itl: dict[float, float] = field(default_factory=dict)  # LLM inter-token latency
 
     def percentile(self, q: float) -> float | None:
         return quantile(q, self.latency)
@@ -90,6 +91,7 @@ READERS = {
     "serving_shadow_label_agreement_total": _agreement,
     "serving_llm_completion_tokens_total": _tokens,
     "serving_llm_time_to_first_token_seconds_bucket": lambda f, lb, v: _add_bucket(f.ttft, lb, v),
+    "serving_llm_inter_token_latency_seconds_bucket": lambda f, lb, v: _add_bucket(f.itl, lb, v),
 }
 
 
@@ -118,6 +120,7 @@ class Point:
     drift: float | None
     tokens_per_s: float | None
     ttft_p99_ms: float | None
+    itl_p99_ms: float | None
 
 
 def _diff(end: dict[float, float], start: dict[float, float]) -> dict[float, float]:
@@ -133,7 +136,8 @@ def between(start: Figures, end: Figures, seconds: float, at: float) -> Point:
     return Point(at=at, rate=(end.requests - start.requests) / seconds, errors=end.errors - start.errors,
                  p50_ms=_ms(quantile(0.5, latency)), p99_ms=_ms(quantile(0.99, latency)), drift=end.max_drift,
                  tokens_per_s=(end.completion_tokens - start.completion_tokens) / seconds if end.ttft else None,
-                 ttft_p99_ms=_ms(quantile(0.99, _diff(end.ttft, start.ttft))))
+                 ttft_p99_ms=_ms(quantile(0.99, _diff(end.ttft, start.ttft))),
+                 itl_p99_ms=_ms(quantile(0.99, _diff(end.itl, start.itl))))
 
 
 class Statistics:

@@ -196,6 +196,7 @@ def test_promote_from_the_page(stack, browser, shots):
     browser.find_element(By.ID, "promote").click()
     assert "cannot be undone" in browser.find_element(By.ID, "confirm-question").text
     browser.save_screenshot(str(shots / "confirm.png"))
+    assert axe_violations(browser) == []
     browser.find_element(By.ID, "confirm").click()
     assert "done, promote" in browser.find_element(By.ID, "flash").text
     assert endpoint_routes(stack) == {2: 100.0}
@@ -227,6 +228,7 @@ def test_keys_created_once_and_revoked(stack, browser, shots):
     browser.find_element(By.ID, "k-name").send_keys("console-key")
     browser.find_element(By.ID, "create-key").click()
     secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    assert axe_violations(browser) == []  # the page that shows it once
     ok = httpx.post(f"{stack.worker_url()}/serve/{EP}", json={"text": "fine"}, timeout=30,
                     headers={"Authorization": f"Bearer {secret}"})
     assert ok.status_code == 200

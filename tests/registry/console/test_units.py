@@ -25,6 +25,9 @@ serving_drift_psi{endpoint="e",version="2",variable="a"} NaN
 # TYPE serving_shadow_label_agreement counter
 serving_shadow_label_agreement_total{endpoint="e",version="2",agree="true"} 3
 serving_shadow_label_agreement_total{endpoint="e",version="2",agree="false"} 1
+# TYPE serving_llm_inter_token_latency_seconds histogram
+serving_llm_inter_token_latency_seconds_bucket{endpoint="e",version="2",le="0.05"} 7
+serving_llm_inter_token_latency_seconds_bucket{endpoint="e",version="2",le="+Inf"} 9
 """
 
 
@@ -36,6 +39,7 @@ def test_metrics_are_read_per_version():
     assert v1.percentile(0.5) == 0.01 + (0.1 - 0.01) * (5 - 4) / (10 - 4)
     assert v1.max_drift == 0.3 and v2.drift == {}
     assert (v2.requests, v2.agreement) == (5, 0.75)
+    assert v2.itl == {0.05: 7, math.inf: 9} and v1.itl == {}
 
 
 def test_a_window_is_the_difference_of_two_reads():
@@ -44,6 +48,7 @@ def test_a_window_is_the_difference_of_two_reads():
     p = between(start, end, 10.0, at=100.0)
     assert (p.rate, p.errors) == (2.0, 1)
     assert p.p50_ms == 100.0  # half of the 20 new requests were over 0.1 s: the +Inf bucket's lower edge
+    assert p.ttft_p99_ms is None and p.itl_p99_ms is None and p.tokens_per_s is None  # not an LLM
 
 
 def test_rates_come_from_the_kept_samples():
