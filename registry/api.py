@@ -12,9 +12,10 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
-from registry import audit, auth, client_keys, console, schemas
+from registry import audit, auth, client_keys, schemas
 from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
+from registry.console.app import mount_console
 from registry.db import make_engine, session_factory, upgrade
 from registry.orm import Endpoint, ModelVersion
 from registry.readiness import ReadinessBook, readiness_router
@@ -91,7 +92,7 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     _routes(app, registry, broadcaster, store)
     client_keys.install(app, registry)
     app.include_router(rollout_router(rollouts))
-    console.mount(app, settings)  # /console: the web console (registry/console/, docs/console.md)
+    mount_console(app, settings)  # /console: the web console (registry/console/, docs/console.md)
     return app
 
 

@@ -13,8 +13,10 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from registry.console import actions, pages, playground
+from registry.console.actions import routes as action_routes
 from registry.console.api_client import Api, ApiError
+from registry.console.pages import routes as page_routes
+from registry.console.playground import routes as playground_routes
 from registry.console.sessions import COOKIE, SessionBook
 from registry.console.stats import Statistics
 from registry.console.web import HERE, Console, SignInNeeded, back_to, read_form
@@ -33,6 +35,13 @@ def data_plane_url(settings: ControlPlaneSettings) -> str:
     return f"http://{host}:{w.worker_port}"
 
 
+def mount_console(app: FastAPI, settings: ControlPlaneSettings) -> None:
+    """Serve the console under ``/console`` of ``app`` (the control plane's API). A mounted
+    sub-application, so its pages answer to a session cookie instead of the API's bearer check
+    (which covers every route of the API itself)."""
+    app.mount("/console", create_console(app, settings))
+
+
 def create_console(parent: FastAPI, settings: ControlPlaneSettings) -> FastAPI:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = lambda v, digits=1: "–" if v is None else f"{v:,.{digits}f}"
@@ -43,8 +52,8 @@ def create_console(parent: FastAPI, settings: ControlPlaneSettings) -> FastAPI:
     _errors(app, console)
     _sign_in(app, console)
     _events(app, console)
-    for module in (pages, actions, playground):
-        app.include_router(module.routes(console))
+    for routes in (page_routes, action_routes, playground_routes):
+        app.include_router(routes(console))
     return app
 
 
