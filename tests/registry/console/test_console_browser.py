@@ -87,6 +87,21 @@ def sign_in(driver, stack: Stack, token: str) -> None:
     wait_until(lambda: driver.find_elements(By.CSS_SELECTOR, "nav[aria-label=Pages]"), timeout=20, what="signed in")
 
 
+def shown(driver, element_id: str, containing: str = ""):
+    """The element once the page a click started shows it (with ``containing`` in its text): a click
+    returns before the next page has replaced this one."""
+    from selenium.webdriver.common.by import By
+
+    def found():
+        for element in driver.find_elements(By.ID, element_id):
+            if containing in element.text:
+                return element
+        return None
+
+    return wait_until(found, timeout=30, what=f"#{element_id} showing {containing!r}",
+                      on_timeout=lambda: driver.find_element(By.TAG_NAME, "body").text[:1500])
+
+
 def version_cells(driver, endpoint: str) -> dict[int, dict[str, str]]:
     from selenium.webdriver.common.by import By
 
@@ -112,7 +127,7 @@ def test_sign_in_shows_the_demo_endpoint_at_90_10(stack, browser, shots):
     assert browser.current_url.endswith("/console/signin")
     browser.find_element(By.ID, "token").send_keys("srv_not_a_token")
     browser.find_element(By.ID, "signin").click()
-    assert "unknown, revoked" in browser.find_element(By.ID, "signin-error").text
+    shown(browser, "signin-error", "unknown, revoked")
     browser.save_screenshot(str(shots / "signin.png"))
     sign_in(browser, stack, auth.token(stack.home))
     cells = version_cells(browser, EP)
@@ -149,10 +164,10 @@ def test_a_cli_change_shows_on_an_open_page_without_reload(stack, browser, shots
                what="the page's event stream connected")
     stack.cli("canary", "set", "--endpoint", EP, "--weights", "1=80,2=20")
 
-    def shown() -> bool:
+    def split_shown() -> bool:
         return browser.find_element(By.CSS_SELECTOR, "tr[data-version='2'] td.weight").text == "20"
 
-    wait_until(shown, timeout=10, what="the new split on the open page")
+    wait_until(split_shown, timeout=10, what="the new split on the open page")
     assert browser.execute_script("return window.notReloaded === true;")
     browser.save_screenshot(str(shots / "endpoint.png"))
 
@@ -193,12 +208,18 @@ def test_promote_from_the_page(stack, browser, shots):
 
     sign_in(browser, stack, auth.token(stack.home))
     browser.get(console(stack, f"/endpoint?name={EP}"))
+    field = browser.find_element(By.ID, "weight-1")  # the API's validation, in its words, on the page
+    field.clear()
+    field.send_keys("70")
+    browser.find_element(By.ID, "set-weights").click()
+    shown(browser, "flash", "weights refused (422): weights: weights must add up to 100, got 90")
+    assert endpoint_routes(stack) == {1: 80.0, 2: 20.0}
     browser.find_element(By.ID, "promote").click()
-    assert "cannot be undone" in browser.find_element(By.ID, "confirm-question").text
+    shown(browser, "confirm-question", "cannot be undone")
     browser.save_screenshot(str(shots / "confirm.png"))
     assert axe_violations(browser) == []
-    browser.find_element(By.ID, "confirm").click()
-    assert "done, promote" in browser.find_element(By.ID, "flash").text
+    shown(browser, "confirm").click()
+    shown(browser, "flash", "done, promote")
     assert endpoint_routes(stack) == {2: 100.0}
     with stack.api() as api:
         mine = [e for e in api.get("/audit").json() if e["action"] == "POST /endpoints/{name}/promote"]
@@ -213,11 +234,11 @@ def test_the_playground_answers_as_the_data_plane(stack, browser, shots):
     browser.get(console(stack, f"/playground?endpoint={EP}"))
     browser.find_element(By.ID, "input").send_keys(TEXTS[0])
     browser.find_element(By.ID, "send").click()
-    version = browser.find_element(By.ID, "answer-version").text
-    shown = json.loads(browser.find_element(By.ID, "answer").text)
+    version = shown(browser, "answer-version").text
+    answer = json.loads(browser.find_element(By.ID, "answer").text)
     direct = httpx.post(f"{stack.worker_url()}/serve/{EP}", json={"text": TEXTS[0]}, timeout=30)
     assert version == direct.headers["X-Model-Version"] == "2"
-    assert shown == direct.json()
+    assert answer == direct.json()
     browser.save_screenshot(str(shots / "playground.png"))
 
 
@@ -227,7 +248,7 @@ def test_keys_created_once_and_revoked(stack, browser, shots):
     browser.get(console(stack, "/keys"))
     browser.find_element(By.ID, "k-name").send_keys("console-key")
     browser.find_element(By.ID, "create-key").click()
-    secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    secret = shown(browser, "secret").get_attribute("value")
     assert axe_violations(browser) == []  # the page that shows it once
     ok = httpx.post(f"{stack.worker_url()}/serve/{EP}", json={"text": "fine"}, timeout=30,
                     headers={"Authorization": f"Bearer {secret}"})
@@ -236,10 +257,31 @@ def test_keys_created_once_and_revoked(stack, browser, shots):
     assert secret not in browser.page_source
     browser.save_screenshot(str(shots / "keys.png"))
     browser.find_element(By.CSS_SELECTOR, "button[aria-label='Revoke key console-key']").click()
-    browser.find_element(By.ID, "confirm").click()
-    assert "revoked key console-key" in browser.find_element(By.ID, "flash").text
+    shown(browser, "confirm").click()
+    shown(browser, "flash", "revoked key console-key")
     with stack.api() as api:
         assert [k["revoked"] for k in api.get("/client-keys").json() if k["name"] == "console-key"] == [True]
+
+
+def test_a_rollout_started_and_aborted_from_the_page(stack, browser, shots):
+    from selenium.webdriver.common.by import By
+
+    browser.get(console(stack, f"/endpoint?name={EP}"))
+    browser.find_element(By.ID, "rollout-model").send_keys(f"{EP}:1")
+    interval = browser.find_element(By.ID, "rollout-interval")
+    interval.clear()
+    interval.send_keys("3600")
+    browser.find_element(By.ID, "rollout-start").click()
+    shown(browser, "flash", "done, start a gated rollout")
+    assert endpoint_routes(stack) == {2: 90.0, 1: 10.0}
+    assert "running" in browser.find_element(By.CSS_SELECTOR, "details summary").text
+    browser.save_screenshot(str(shots / "rollout.png"))
+    browser.find_element(By.ID, "rollout-abort").click()
+    shown(browser, "confirm").click()
+    shown(browser, "flash", "done, abort the rollout")
+    with stack.api() as api:
+        assert [r["state"] for r in api.get("/rollouts", params={"endpoint": EP}).json()] == ["aborted"]
+    assert endpoint_routes(stack) == {2: 100.0}
 
 
 PAGES = {"overview": "/", "endpoint": f"/endpoint?name={EP}", "playground": f"/playground?endpoint={EP}",
