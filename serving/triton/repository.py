@@ -277,13 +277,14 @@ class RepositorySync:
                 else:
                     self._refused[name] = str(exc)
         # On the first snapshot Triton's state is unknown: (re)load everything we want.
-        to_load = sorted(wanted) if not self._synced_once else changed
+        to_load = set(wanted) if not self._synced_once else set(changed)
         with self._lock:
             self._wanted = set(wanted)
             self._unwritten = unwritten
-            self._pending &= set(wanted)
+            self._pending &= set(wanted) - unwritten  # no files yet: nothing to load until they are written
+            to_load -= unwritten
             self._loaded -= set(changed)
-            self._control(sorted(set(to_load) | self._pending), sorted(stale))
+            self._control(sorted(to_load | self._pending), sorted(stale))
         for name in stale:
             shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         self._synced_once = True
