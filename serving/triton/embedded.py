@@ -343,7 +343,7 @@ def _brief(exc: Exception, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _handle_signals(stop: threading.Event) -> Callable[[], None]:
+def handle_signals(stop: threading.Event) -> Callable[[], None]:
     """SIGTERM/SIGINT only set ``stop``; cleanup runs in the main flow (workspace, server)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -399,7 +399,7 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
     """
     _default_logging()
     stop = stop_event or threading.Event()
-    restore_signals = _handle_signals(stop)
+    restore_signals = handle_signals(stop)
     fix_library_path()
     own_process = threading.current_thread() is threading.main_thread() and stop_event is None
     if own_process:  # `serving triton`: the process is ours; an embedding test process is not

@@ -25,14 +25,14 @@ and nothing else, and only the kubelet asks.
 """
 from __future__ import annotations
 
-import json
 import logging
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 
 import httpx
+
+from serving.http_thread import HttpThread, JsonHandler
 
 log = logging.getLogger(__name__)
 
@@ -79,44 +79,25 @@ class Latch:
 
 
 def _handler(state: Callable[[], dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            log.debug("readiness %s", format % args)
-
+    class Handler(JsonHandler):
         def do_GET(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0].rstrip("/")
             if path == "/live":
-                status, body = 200, {"live": True}
+                self.send_json(200, {"live": True})
             elif path == "/ready":
                 try:
                     body = state()
                 except Exception as exc:  # never a 200 by accident
                     body = {"ready": False, "error": str(exc)}
-                status = 200 if body.get("ready") else 503
+                self.send_json(200 if body.get("ready") else 503, body)
             else:
-                status, body = 404, {"detail": "GET /ready or /live"}
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                self.send_json(404, {"detail": "GET /ready or /live"})
 
     return Handler
 
 
-class ReadinessServer:
-    """Serves /ready and /live in a thread until ``close``; ``state`` returns ``LoadState.report()``."""
+class ReadinessServer(HttpThread):
+    """Serves /ready and /live until ``close``; ``state`` returns the report (``Latch.report``)."""
 
     def __init__(self, host: str, port: int, state: Callable[[], dict[str, Any]]) -> None:
-        self.server = ThreadingHTTPServer((host, port), _handler(state))
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="triton-readiness", daemon=True)
-
-    def start(self) -> "ReadinessServer":
-        self.thread.start()
-        return self
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(host, port, _handler(state), "triton-readiness")

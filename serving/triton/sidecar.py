@@ -13,12 +13,12 @@ The embedded Triton (`serving triton`) does all of this itself, in its own proce
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
 from serving.settings import TritonSidecarSettings
+from serving.triton.embedded import handle_signals
 from serving.triton.pod_readiness import ReadinessServer
 from serving.triton.repository import RepositorySync
 
@@ -31,7 +31,9 @@ def run_sidecar(settings: TritonSidecarSettings, stop: threading.Event | None = 
     """Serve until ``stop`` is set, or SIGTERM/SIGINT when run as the process's entry point."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stop = stop or _signalled()
+    own = stop is None  # the process's entry point: SIGTERM/SIGINT stop it
+    stop = stop or threading.Event()
+    restore_signals = handle_signals(stop) if own else (lambda: None)
     repo = settings.resolved_model_repository()
     fetcher = ArtifactFetcher(settings.control_plane_url, settings.home / "cache")
     sync = RepositorySync(repo, fetcher.path, settings.triton_control_url, retry_period_s=RETRY_PERIOD_S)
@@ -46,14 +48,7 @@ def run_sidecar(settings: TritonSidecarSettings, stop: threading.Event | None = 
     finally:
         subscriber.stop()
         readiness.close()
-
-
-def _signalled() -> threading.Event:
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    return stop
+        restore_signals()
 
 
 def main() -> None:

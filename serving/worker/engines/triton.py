@@ -19,7 +19,7 @@ from tritonclient.utils import np_to_triton_dtype
 from serving.triton.loader_client import ColdLoadError, LoaderClient
 from serving.triton.shapes import from_api, to_api
 from serving.worker.batcher import MicroBatcher
-from serving.worker.engines.triton_channels import DNS_PREFIX, OneTriton, classify  # noqa: F401 - classify: API
+from serving.worker.engines.triton_channels import DNS_PREFIX, OneTriton
 from serving.worker.engines.triton_pool import TritonPool, addresses_source
 from serving.worker.errors import ModelNotReady, Unavailable
 from serving.worker.runtime import Target
