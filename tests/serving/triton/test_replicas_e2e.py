@@ -119,6 +119,8 @@ def test_two_tritons_hold_every_model_before_ready_share_the_load_and_survive_on
                 wait_until(lambda: model_ready(host, http, "clf_v1"), 120, f"clf_v1 loaded on {host}")
                 status, body = readiness(host, ready_port)
                 assert (status, body["ready"], body["waiting"]) == (503, False, ["clf_v2"]), body
+                # what a probe on Triton's own readiness would have let through: ready, clf_v2 missing
+                assert httpx.get(f"http://{host}:{http}/v2/health/ready", timeout=5).status_code == 200
             # ... and ready only once every deployed model is: each 200 seen is checked at once.
             fake.add_artifact(tiny_model_b.onnx_path)
             seen_ready = set()
