@@ -249,6 +249,7 @@ class RepositorySync:
         self._refused: dict[str, str] = {}  # name -> why Triton, or the model's files, refused it
         self._unwritten: set[str] = set()  # entries not written yet (artifact not fetched): retried
         self._snapshot: dict[str, Any] | None = None
+        self.revision = -1
         self.latch = Latch()
         self._apply_lock = threading.RLock()  # the config thread and the retry thread both apply
         self._lock = threading.Lock()
@@ -263,6 +264,7 @@ class RepositorySync:
     def _apply(self, snapshot: dict[str, Any]) -> None:
         self.repo_dir.mkdir(parents=True, exist_ok=True)
         self._snapshot = snapshot
+        self.revision = int(snapshot.get("revision", -1))
         wanted = triton_targets(snapshot)
         stale = managed_models(self.repo_dir) - set(wanted)
         changed, unwritten = [], set()
@@ -294,6 +296,12 @@ class RepositorySync:
         with self._lock:
             return self.latch.report(LoadState(self._synced_once, set(self._wanted), set(self._loaded),
                                                dict(self._refused)))
+
+    def report(self) -> dict[str, Any]:
+        """The readiness report to the control plane (serving/readiness_report.py): what Triton refused."""
+        with self._lock:
+            return {"revision": self.revision,
+                    "failures": {n: why for n, why in self._refused.items() if n in self._wanted}}
 
     def _retry_loop(self) -> None:
         while True:

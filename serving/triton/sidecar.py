@@ -6,8 +6,10 @@ with no request from anyone. So each pod runs this next to its tritonserver: it 
 control plane's config stream, fetches the artifacts by hash, writes the pod's own model
 repository (an emptyDir both containers mount) with the same writer the control plane uses
 (serving/triton/repository.py: ``RepositorySync``), loads and unloads over localhost
-(``--model-control-mode=explicit``), loads again what a restarted tritonserver lost, and serves
-the pod's readiness (serving/triton/pod_readiness.py): ready once every deployed model is loaded.
+(``--model-control-mode=explicit``), loads again what a restarted tritonserver lost, serves the
+pod's readiness (serving/triton/pod_readiness.py: ready once every deployed model is loaded), and
+reports the models Triton refused to the control plane, as the embedded Triton does
+(serving/readiness_report.py, kind ``triton``).
 The embedded Triton (`serving triton`) does all of this itself, in its own process.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
+from serving.readiness_report import ReadinessReporter, process_id
 from serving.settings import TritonSidecarSettings
 from serving.triton.embedded import handle_signals
 from serving.triton.pod_readiness import ReadinessServer
@@ -39,6 +42,7 @@ def run_sidecar(settings: TritonSidecarSettings, stop: threading.Event | None = 
     sync = RepositorySync(repo, fetcher.path, settings.triton_control_url, retry_period_s=RETRY_PERIOD_S)
     readiness = ReadinessServer(settings.triton_host, settings.triton_readiness_port,
                                 sync.readiness).start()
+    reporter = ReadinessReporter(settings.control_plane_url, process_id("triton"), sync.report, kind="triton").start()
     subscriber = ConfigSubscriber(settings.control_plane_url, sync.apply,
                                   cache_path=settings.home / "triton-sidecar-config.json").start()
     log.info("triton sidecar: repository %s, Triton %s, readiness on %s:%d", repo, settings.triton_control_url,
@@ -47,6 +51,7 @@ def run_sidecar(settings: TritonSidecarSettings, stop: threading.Event | None = 
         stop.wait()
     finally:
         subscriber.stop()
+        reporter.stop()
         readiness.close()
         restore_signals()
 

@@ -97,6 +97,13 @@ def test_sidecar_loads_the_pods_models_and_gates_its_readiness(tmp_path, tiny_mo
                 assert got.as_numpy("UPPER").tolist() == want["UPPER"].tolist() == ["NAÏVE!".encode(), b"OK!"]
                 assert got.as_numpy("LENGTH").tolist() == want["LENGTH"].tolist()
 
+                # a model deployed later does not take the ready pod out (only the first load gates it)
+                sha_late = hashlib.sha256(b"not uploaded yet").hexdigest()
+                late = {**target("late", 1, sha_late, {}), "framework": "python"}
+                fake.publish({**endpoints, "late": triton_endpoint("late", [late], max_batch_size=0)})
+                wait_until(lambda: readiness(ready_port)[1]["waiting"] == ["late_v1"], 30, "late_v1 waited on")
+                assert readiness(ready_port)[0] == 200
+
                 # removed from the configuration: unloaded and deleted; the pod stays ready
                 fake.publish({"clf": endpoints["clf"]})
                 wait_until(lambda: httpx.get(f"http://127.0.0.1:{http}/v2/models/py_v1/ready",
