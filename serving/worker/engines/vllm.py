@@ -129,7 +129,9 @@ class VllmEngine:
         if options.get("url"):
             return Upstream(str(options["url"]).rstrip("/"), str(options.get("served_model_name") or target.model))
         name = served_name(target)
-        entry = (await self._engines(fresh=False)).get(name) or (await self._engines(fresh=True)).get(name)
+        entry = (await self._engines(fresh=False)).get(name)
+        if not entry or entry.get("state") != "ready":  # the cached map may be older than the engine's start
+            entry = (await self._engines(fresh=True)).get(name)
         if not entry:
             raise Unavailable(f"no LLM engine runs model {name} yet (the launcher at {self.launcher_url} "
                               "has not started it)", retry_after_s=RETRY_AFTER_S)

@@ -52,9 +52,9 @@ def llm(tmp_path_factory):
             "--aux-config", "dtype=float32")
         cli(stack, "model", "add", "--model-id", "test vllm:1", "--engine", "vllm", "--endpoint", "again_f32",
             "--aux-config", "dtype=float32", "--wait", "--wait-timeout", str(START_S), timeout=START_S + 60)
-        for name in ("test_vllm", "test_vllm_f32"):
-            wait_until(lambda: httpx.get(f"{stack.control_plane}/endpoints/{name}/status", timeout=5,
-                                         headers=stack.headers()).json()["state"] == "ready", START_S, f"{name} ready")
+        for name in ("test_vllm", "test_vllm_f32", "again_f32"):
+            wait_until(lambda: httpx.post(f"{stack.worker_url()}/serve/openai/v1/completions", timeout=60, json={
+                "model": name, "prompt": "a", "max_tokens": 1}).status_code == 200, START_S, f"{name} answering")
         yield {"stack": stack, "model": bundle.path,
                "client": openai.OpenAI(api_key="none", base_url=f"{stack.worker_url()}/serve/openai/v1", max_retries=0)}
     finally:
