@@ -33,7 +33,26 @@ def start_chromium(profile: Path):
                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
                  f"--user-data-dir={profile}", "--window-size=1280,1000"):
         options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.get = _steady_get(driver)
+    return driver
+
+
+def _steady_get(driver, tries: int = 3):
+    """``driver.get`` that loads the page again when Chromium showed its own error page instead.
+
+    Chromium aborts a navigation, localhost included, with ERR_NETWORK_CHANGED when any interface of
+    the host comes or goes (a container network, a Kubernetes bridge or veth of another suite on the same
+    machine; Chromium has no switch to ignore it). That is the machine's doing, not the console's: the
+    page is asked for again; a console that really fails still fails all ``tries``."""
+    plain = driver.get
+
+    def get(url: str) -> None:
+        for _ in range(tries):
+            plain(url)
+            if not driver.current_url.startswith("chrome-error://"):
+                return
+    return get
 
 
 def axe_violations(driver) -> list[dict]:
