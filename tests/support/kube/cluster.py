@@ -13,6 +13,7 @@ cleans its iptables chains, and whatever is still there is named and removed.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.support.kube import host_state, images, tools
 from tests.support.kube.images import PAUSE_IMAGE
@@ -60,6 +62,7 @@ class Cluster:
     forced: list[str] = field(default_factory=list)  # what stop() had to remove by force
     undone: list[str] = field(default_factory=list)  # host changes no component undoes, undone by stop()
     timings: dict[str, float] = field(default_factory=dict)
+    _store_lock: Any = None
 
     # --- paths and commands ---------------------------------------------------------------
 
@@ -120,6 +123,12 @@ class Cluster:
 
     def start(self) -> None:
         t0 = time.monotonic()
+        tools.IMAGE_STORE.mkdir(parents=True, exist_ok=True)
+        self._store_lock = open(tools.CACHE / "containerd-root.lock", "w")
+        try:  # containerd's root is shared across sessions, not between two clusters at once
+            fcntl.flock(self._store_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another test cluster is using {tools.IMAGE_STORE} (one at a time)") from None
         self.baseline = host_state.snapshot()
         if host_state.link_exists(self.bridge):
             raise RuntimeError(f"a bridge named {self.bridge} already exists: another cluster is running here?")
@@ -176,7 +185,7 @@ class Cluster:
         # restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE, and without it every pod fails with
         # "can't get final child's PID from pipe". The opt plugin's path defaults to /opt/containerd.
         (cdir / "config.toml").write_text(f"""version = 2
-root = "{cdir / 'root'}"
+root = "{tools.IMAGE_STORE}"
 state = "{cdir / 'state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
@@ -304,6 +313,9 @@ subsets:
             self.forced += host_state.remove_leftovers(self.baseline, self.root, self.bridge, POD_CIDR, SERVICE_CIDR)
         if not host_state.mounts_under(self.root):  # never delete through a mount still there
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._store_lock is not None:
+            self._store_lock.close()
+            self._store_lock = None
         self.timings["stop"] = time.monotonic() - t0
         return host_state.leftovers(self.baseline, self.root, self.bridge, POD_CIDR, SERVICE_CIDR) \
             if self.baseline is not None else []

@@ -7,7 +7,8 @@ containers) own:
 - processes: every one it starts has the cluster's temporary directory on its command line
   (containerd's shims name its socket there);
 - mounts: kubelet's volumes (tmpfs for Secrets and service-account tokens), containerd's overlay
-  root file systems and sandbox /dev/shm, all under the temporary directory;
+  root file systems and sandbox /dev/shm, under the temporary directory or containerd's root (the
+  image store kept in the kube cache, tools.IMAGE_STORE);
 - network: the CNI bridge (named per cluster), the pods' network namespaces (``cni-*`` in
   /run/netns), iptables chains and rules of kube-proxy (``KUBE-*``) and of the portmap and bridge
   plugins (``CNI-*``, rules naming the pod or Service range);
@@ -30,6 +31,8 @@ from pathlib import Path
 import psutil
 
 NETNS = Path("/run/netns")
+# containerd's root (images, snapshots), kept across sessions in the kube cache (tools.py): no mount may stay
+from tests.support.kube.tools import IMAGE_STORE  # noqa: E402
 HOST_DIRS = (NETNS, Path("/var/log/pods"), Path("/var/log/containers"), Path("/run/containerd"), Path("/var/lib/cni"),
              Path("/var/lib/kubelet"), Path("/etc/cni"), Path("/opt/containerd"))
 # set by kubelet (setupKernelTunables) and kube-proxy (route_localnet for NodePorts on loopback)
@@ -138,7 +141,7 @@ def _processes(root: Path) -> list[psutil.Process]:
 def leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, service_cidr: str) -> list[str]:
     """Everything of the cluster still on the host (an empty list after a clean stop)."""
     found = [f"process: {p.pid} {' '.join(p.cmdline())[:160]}" for p in _processes(root)]
-    found += [f"mount: {m}" for m in mounts_under(root)]
+    found += [f"mount: {m}" for r in (root, IMAGE_STORE) for m in mounts_under(r)]
     found += [f"network namespace: {n}" for n in sorted(new_netns(base))]
     if link_exists(bridge):
         found.append(f"bridge: {bridge}")
@@ -209,7 +212,7 @@ def remove_leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, ser
             proc.kill()
         except psutil.Error:
             pass
-    for point in sorted(mounts_under(root), key=len, reverse=True):
+    for point in sorted((m for r in (root, IMAGE_STORE) for m in mounts_under(r)), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
         removed.append(f"mount {point}")
     for name in new_netns(base):

@@ -11,6 +11,9 @@ from pathlib import Path
 CACHE = Path(os.environ.get("SERVING_KUBE_CACHE", Path.home() / ".cache" / "serving-kube"))
 BIN = CACHE / "bin"
 CNI_BIN = CACHE / "cni-bin"
+# containerd's root directory (content and unpacked snapshots of the imported images), kept across
+# sessions: an image already imported is not copied again (images.py); one cluster at a time uses it
+IMAGE_STORE = CACHE / "containerd-root"
 KUBE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl")
 OTHERS = ("etcd", "containerd", "containerd-shim-runc-v2", "ctr", "helm")
 CNI = ("bridge", "host-local", "portmap")
