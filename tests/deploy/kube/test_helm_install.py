@@ -295,3 +295,6 @@ def test_uninstall_leaves_only_the_statefulsets_claims(release):
     expected = {"pvc": [f"data-{RELEASE}-serving-kafka-0", f"data-{RELEASE}-serving-postgresql-0"]}
     wait_until(lambda: remaining() == expected, 120, "only the StatefulSets' claims left",
                interval=1, on_timeout=lambda: str(remaining()))
+    # the command docs/deploy-helm.md gives to drop them finds them by the release's label
+    labelled = release.cluster.get("pvc", "-n", NS, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    assert sorted(c["metadata"]["name"] for c in labelled) == expected["pvc"]
