@@ -322,22 +322,20 @@ subsets:
 
     def _delete_all_pods(self) -> None:
         """Every pod deleted through the API, then kubelet given the time to stop their sandboxes (CNI DEL:
-        veth, IP lease, portmap rules, network namespace) and unmount their volumes."""
-        spaces = [n["metadata"]["name"] for n in self.get("namespaces")["items"]]
-        for ns in spaces:
-            self.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=false", check=False)
-
+        veth, IP lease, portmap rules, network namespace) and unmount their volumes. What does not go
+        this way is named in ``forced`` (and removed by ``remove_leftovers``)."""
         def drained() -> bool:
             pods = self.get("pods", "--all-namespaces")["items"]
             running = self.ctr("tasks", "ls", "-q", timeout=30).stdout.split()
-            return not pods and not running and not host_state.mounts_under(self.root / "kubelet" / "pods")
+            return not pods and not running and not host_state.mounts_under(self.root / "kubelet" / "pods") \
+                and not (self.baseline and host_state.new_netns(self.baseline))
         try:
-            wait_until(drained, 120, "every pod gone, its containers stopped and volumes unmounted", interval=0.5)
-        except AssertionError as exc:
+            for ns in [n["metadata"]["name"] for n in self.get("namespaces")["items"]]:
+                self.kubectl("delete", "pods", "--all", "-n", ns, "--grace-period=1", "--wait=false", check=False)
+            wait_until(drained, 120, "every pod gone, its containers stopped, volumes unmounted, netns removed",
+                       interval=0.5)
+        except (AssertionError, OSError, ValueError, subprocess.SubprocessError) as exc:
             self.forced.append(f"pods not drained gracefully: {str(exc)[:500]}")
-        # the sandboxes: kubelet stops them as it kills the pods; wait for their network namespaces too
-        wait_until(lambda: not host_state.new_netns(self.baseline), 60, "the pods' network namespaces gone",
-                   interval=0.5) if self.baseline else None
 
     def _remove_containers(self) -> None:
         """Stopped containers and sandboxes (kubelet's garbage collector would take them a minute later)."""
