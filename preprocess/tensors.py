@@ -119,7 +119,11 @@ def to_model_inputs(data: Any, specs: Sequence[dict], declared: Sequence[dict] =
     """Tensors for the model's inputs, in signature order, with the signature's dtypes.
 
     ``declared``: the endpoint's declared inputs (name, dtype, whole shape), in the order a
-    returned list is bound. Without a signature (a custom framework) the data passes through."""
+    returned list is bound; a model without a signature (a Python-backend model.py uploaded alone) is
+    served with them, as its config.pbtxt was written from them. Without either (a custom framework)
+    the data passes through."""
+    if not specs and declared and all(d.get("dtype") for d in declared):
+        specs = declared
     if not specs:
         return data if isinstance(data, dict) else {"input": np.asarray(data)}
     bound = _as_dict(data, specs, declared)

@@ -21,9 +21,10 @@ from registry.readiness import ReadinessBook, readiness_router
 from registry.rollout_api import rollout_router
 from registry.rollout_metrics import MetricsSource, PrometheusSource, StatisticsServiceSource
 from registry.rollouts import RolloutController, Rollouts
-from registry.schemas import MAX_VERSION
+from registry.schemas import LLM_ENGINES, MAX_VERSION
 from registry.service import NotFound, Registry, RegistryError
 from registry.signature import SignatureError
+from serving.llm.naming import served_by
 from serving.settings import ControlPlaneSettings
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,9 @@ def endpoint_out(ep: Endpoint) -> dict:
         "name": ep.name, "engine": ep.engine, "preprocess": ep.preprocess, "batching": ep.batching,
         "log_freq": ep.log_freq, "io": ep.io or {}, "auto_update": ep.auto_update or {},
         "engine_options": ep.engine_options or {},
-        "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role}
+        "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role,
+                     **({"served_by": served_by(t.model.name, t.model.version, ep.engine_options)}
+                        if ep.engine in LLM_ENGINES else {})}
                     for t in ep.targets],
         "metrics": [{"name": m.name, "kind": m.kind, **m.spec} for m in ep.metrics],
     }

@@ -83,3 +83,23 @@ def endpoint_triton_config(framework: str, aux_config: dict[str, str] | None,
     if named is None:
         return triton_config
     return {**triton_config, **({"platform": named.platform} if named.platform else {}), "backend": named.backend}
+
+
+def tensors_known(engine: str, model: Any, io: dict[str, Any] | None) -> None:
+    """A Python-backend model.py uploaded without its config.pbtxt is served only when its tensors are
+    known: declared by its own ``auto_complete_config`` (read at upload) or by the endpoint's
+    ``--input-*``/``--output-*`` flags. Otherwise Triton would load it with zero inputs and refuse every
+    request; a 422 at ``model add`` says what is missing instead."""
+    signature = model.signature or {}
+    if engine != "triton" or model.framework != "python" or "max_batch_size" in signature:
+        return  # not a Python model, or its tensors came from a config.pbtxt or its auto_complete_config
+    if signature.get("inputs") or (io or {}).get("inputs"):
+        return
+    unread = signature.get("auto_complete")
+    raise Unprocessable(
+        f"{model.name}:{model.version} is a Python-backend model.py uploaded without its config.pbtxt, and nothing "
+        "declares its inputs and outputs" + (f" (its auto_complete_config cannot be read: {unread})" if unread else "")
+        + ": Triton would load it with none and refuse every request. Upload its model folder (serving model upload "
+        "--path MODEL_DIR, holding config.pbtxt and 1/model.py), declare the tensors in TritonPythonModel."
+        "auto_complete_config, or name them here with --input-name/--input-type/--input-size and "
+        "--output-name/--output-type/--output-size")

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from registry.errors import NotFound
+from serving.llm.naming import engine_key
 
 TTL_S = 15.0          # three missed heartbeats (serving/readiness_report.py HEARTBEAT_S)
 MAX_SOURCES = 1000    # memory bound: the oldest report goes first
@@ -114,10 +115,12 @@ def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float
     return line
 
 
-# a report kind whose failures concern an engine's endpoints: (engine, a target's name there, message)
+# a report kind whose failures concern an engine's endpoints: (engine, a target's name there, message);
+# the launcher names an engine by version and options (serving/llm/naming.py), as the endpoint's are
 FAILURE_REPORTS = {
-    "triton": ("triton", lambda t: t.get("triton_name"), "Triton could not load {model}: {why}"),
-    "llm": ("vllm", lambda t: f"{t.get('model')}:{t.get('version')}", "vLLM engine of {model} failed: {why}"),
+    "triton": ("triton", lambda spec, t: t.get("triton_name"), "Triton could not load {model}: {why}"),
+    "llm": ("vllm", lambda spec, t: engine_key(str(t.get("model")), t.get("version"), spec.get("engine_options")),
+            "vLLM engine of {model} failed: {why}"),
 }
 
 
@@ -127,7 +130,7 @@ def _engine_failures(spec: dict, reports: list[tuple[float, ReadinessReport]]) -
     for kind, (engine, target_name, message) in FAILURE_REPORTS.items():
         if spec.get("engine", "triton") != engine:
             continue
-        names = {target_name(t) for t in spec.get("targets") or []}
+        names = {target_name(spec, t) for t in spec.get("targets") or []}
         out += [message.format(model=model, why=why) for _, r in reports if r.kind == kind
                 for model, why in sorted(r.failures.items()) if model in names]
     return out

@@ -40,6 +40,7 @@ def route_newest(s: Session, ep: Endpoint, external_triton: bool = False) -> lis
         try:
             formats.deployable_format(ep.engine, m.framework, f"{m.name}:{m.version}",
                                       (ep.batching or {}).get("triton_config"), external_triton)
+            formats.tensors_known(ep.engine, m, ep.io)
             versions.insert(0, m)
         except (BadRequest, Unprocessable) as exc:
             skipped.append({"version": m.version, "reason": exc.message})

@@ -191,6 +191,8 @@ class Registry:
                 ep.io = declared_io(req.io, ep.batching, model)
             elif engine_changed:
                 ep.io = {}
+            if model is not None:
+                formats.tensors_known(ep.engine, model, ep.io)
             if req.engine_options is not None or engine_changed:
                 ep.engine_options = req.engine_options or {}
             if req.engine in schemas.LLM_ENGINES:
@@ -235,6 +237,7 @@ class Registry:
                                       (ep.batching or {}).get("triton_config"), self.external_triton)
             if ep.engine in schemas.LLM_ENGINES:
                 _check_llm(model, ep.engine_options)
+            formats.tensors_known(ep.engine, model, ep.io)
             if ep.io and ep.engine in ("triton", "onnxruntime"):
                 try:
                     io_spec.check_against(ep.io, model.signature or {}, f"{model.name}:{model.version}")

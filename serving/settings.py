@@ -60,7 +60,10 @@ class WorkerSettings(CommonSettings):
     worker_balance: Literal["connections", "kernel"] = "connections"
     worker_cache: Path | None = None
     max_body_bytes: int = 1_048_576
+    # one Triton "host:port"; several: "host:port,host:port", or "dns:///name:port" (every address the name
+    # resolves to, e.g. a headless Service's pods), spread and failed over (serving/worker/engines/triton_pool.py)
     triton_grpc_url: str = "127.0.0.1:8001"
+    triton_resolve_period_s: float = 5.0  # "dns:///" Triton address: resolved again this often
     # the embedded Triton's load-on-demand endpoint (memory budget); empty: none, so the worker token is
     # never sent to a port nobody configured
     triton_loader_url: str = ""
@@ -106,6 +109,21 @@ class TritonSettings(CommonSettings):
     triton_ort_threads: int = 0      # embedded triton: onnxruntime intra-op threads per model; 0: cores
     triton_memory_budget_mb: int = 0  # embedded triton: models' memory (stubs' RSS); 0: no budget, all loaded
     triton_loader_port: int = 8003    # embedded triton: load-on-demand endpoint for workers (with a budget)
+    # GET /ready: 200 once every deployed model is loaded (a pod's readinessProbe; serving/triton/pod_readiness.py);
+    # 0: not served (the chart sets it)
+    triton_readiness_port: int = 0
+
+
+class TritonSidecarSettings(CommonSettings):
+    """`serving triton-sidecar`: loads one Triton pod's models (serving/triton/sidecar.py)."""
+
+    triton_model_repository: Path | None = None  # the pod's own repository (shared with tritonserver); default HOME/models
+    triton_control_url: str = "http://127.0.0.1:8000"  # that tritonserver's HTTP API, over localhost
+    triton_host: str = "127.0.0.1"   # where GET /ready listens (a pod: 0.0.0.0, for the kubelet)
+    triton_readiness_port: int = 8005
+
+    def resolved_model_repository(self) -> Path:
+        return self.triton_model_repository or self.home / "models"
 
 
 def bundled_vllm_python() -> Path | None:

@@ -19,6 +19,15 @@ def _routes(ep: dict) -> str:
     return ", ".join(f"{t['model']}:{t['version']}={t['weight']:g}% ({t['role']})" for t in ep["targets"])
 
 
+def _engine(ep: dict) -> str:
+    """The engine kind, and for LLM endpoints which engine serves each version (endpoints deploying one
+    version with equal options share an engine: serving/llm/naming.py)."""
+    served = [(t["version"], t["served_by"]) for t in ep["targets"] if t.get("served_by")]
+    if not served:
+        return ep["engine"]
+    return ep["engine"] + "".join(f"\n v{v}: {s['url'] or s['engine']} ({s['options']})" for v, s in served)
+
+
 def _print(ep: dict) -> None:
     console.print(f"endpoint [bold]{ep['name']}[/bold]: {_routes(ep)}")
 
@@ -30,7 +39,7 @@ def endpoint_list(ctx: typer.Context, json_: bool = typer.Option(False, "--json"
     if json_:
         show(eps, [], True)
         return
-    rows = [{**e, "routes": _routes(e), "preprocess": e["preprocess"].get("kind", "none"),
+    rows = [{**e, "engine": _engine(e), "routes": _routes(e), "preprocess": e["preprocess"].get("kind", "none"),
              "state": state_text(e.get("readiness"))} for e in eps]
     show(rows, ["name", "engine", "preprocess", "routes", "state"], False, "endpoints")
 

@@ -38,6 +38,7 @@ for command in (processes.up, processes.demo, processes.status, processes.worker
                 processes.statistics):
     app.command()(command)
 app.command("control-plane")(processes.control_plane)
+app.command("triton-sidecar")(processes.triton_sidecar)
 
 
 def run() -> None:

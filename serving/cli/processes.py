@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 
 from serving.settings import (
-    ControlPlaneSettings, LLMSettings, StatisticsSettings, TritonSettings, WorkerSettings, default_home,
+    ControlPlaneSettings, LLMSettings, StatisticsSettings, TritonSettings, TritonSidecarSettings, WorkerSettings,
+    default_home,
 )
 from serving.cli.readiness import state_text
 from serving.supervisor import Child, Supervisor
@@ -41,6 +42,13 @@ def triton() -> None:
     from serving.triton.embedded import run_embedded_triton
 
     run_embedded_triton(TritonSettings())
+
+
+def triton_sidecar() -> None:
+    """Load one Triton pod's models into the tritonserver beside it (NVIDIA's image; docs/deploy-helm.md)."""
+    from serving.triton.sidecar import run_sidecar
+
+    run_sidecar(TritonSidecarSettings())
 
 
 def llm() -> None:

@@ -2,8 +2,8 @@
 endpoint and model version (docs/llm-statistics.md).
 
 Each ready engine's ``/metrics`` (vLLM's ``vllm:*`` families) is read when Prometheus scrapes the
-launcher, and passed on with ``endpoint`` and ``version`` added: one copy per endpoint that serves the
-engine's model version (an engine is shared by the endpoints serving one version). From its queue gauges
+launcher, and passed on with ``endpoint`` and ``version`` added: one copy per endpoint that the engine
+serves (endpoints deploying one version with equal options share it: serving/llm/naming.py). From its queue gauges
 come ``serving_llm_requests_running`` and ``serving_llm_requests_waiting``, summed over vLLM's own
 engine index, so dashboards and alerts need not know vLLM's names. An engine that does not answer within
 ``SCRAPE_TIMEOUT_S`` is left out of that scrape (its series go stale), never the launcher's answer.
@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from serving.llm.engine_process import engine_key
+from serving.llm.naming import engine_key
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ QUEUE_HELP = {"serving_llm_requests_running": "Requests the engine is generating
 
 
 def engine_endpoints(snapshot: dict[str, Any]) -> dict[str, list[str]]:
-    """``"<model>:<version>"`` -> the ``vllm`` endpoints (without an external ``url``) that route to it."""
+    """An engine's key (serving/llm/naming.py) -> the ``vllm`` endpoints (without an external ``url``) that route to it."""
     out: dict[str, list[str]] = {}
     endpoints = snapshot.get("endpoints") or {}
     for name in sorted(endpoints):
@@ -38,7 +38,7 @@ def engine_endpoints(snapshot: dict[str, Any]) -> dict[str, list[str]]:
         if ep.get("engine") != "vllm" or (ep.get("engine_options") or {}).get("url"):
             continue
         for t in ep.get("targets") or []:
-            out.setdefault(engine_key(t["model"], int(t["version"])), []).append(name)
+            out.setdefault(engine_key(t["model"], int(t["version"]), ep.get("engine_options")), []).append(name)
     return out
 
 
@@ -64,7 +64,7 @@ class EngineMetrics:
             text = self._scrape(key, engine["url"])
             if text is None:
                 continue
-            version = key.rsplit(":", 1)[1]
+            version = key.rsplit(":", 1)[1].partition("@")[0]  # naming.engine_key: MODEL:VERSION[@options]
             for family in text_string_to_metric_families(text):
                 self._add(family, names, version, relabelled, queue)
         yield from relabelled.values()

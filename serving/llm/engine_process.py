@@ -1,8 +1,9 @@
 """One vLLM OpenAI server: which engines a snapshot asks for, the folder it serves, its command line.
 
-An engine is keyed by model version (``"<model>:<version>"``, also its ``--served-model-name``): two
-endpoints serving the same version share it, with the options of the first endpoint by name. Endpoints
-whose options name a ``url`` use an external engine and start nothing here.
+An engine is keyed by model version and launch options (serving/llm/naming.py; the key is also its
+``--served-model-name``): endpoints serving the same version with equal options share it, and one with
+other options gets an engine of its own. Endpoints whose options name a ``url`` use an external engine
+and start nothing here.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from serving.llm.naming import engine_key
 from serving.supervisor import _die_with_parent
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script looks up a distribution named vllm
@@ -24,18 +26,14 @@ OPTION_FLAGS = {"dtype": "--dtype", "max_model_len": "--max-model-len",
 
 @dataclass(frozen=True)
 class EngineSpec:
-    key: str                 # "<model>:<version>": the engine's served model name
+    key: str                 # naming.engine_key: "<model>:<version>[@<options hash>]", its served model name
     artifact: str            # sha256 of the uploaded folder (a tar)
     options: dict[str, Any] = field(default_factory=dict, hash=False)  # the endpoint's engine_options
 
 
-def engine_key(model: str, version: int) -> str:
-    return f"{model}:{version}"
-
-
 def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
     """The engines the platform starts for this snapshot: every target (stable, canary, shadow) of a
-    ``vllm`` endpoint without ``url``, once per model version."""
+    ``vllm`` endpoint without ``url``, once per model version and set of launch options."""
     wanted: dict[str, EngineSpec] = {}
     endpoints = snapshot.get("endpoints") or {}
     for name in sorted(endpoints):
@@ -44,7 +42,7 @@ def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
         if ep.get("engine") != "vllm" or options.get("url"):
             continue
         for t in ep.get("targets") or []:
-            key = engine_key(t["model"], int(t["version"]))
+            key = engine_key(t["model"], int(t["version"]), options)
             wanted.setdefault(key, EngineSpec(key, t["artifact"], dict(options)))
     return wanted
 

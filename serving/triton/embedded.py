@@ -43,6 +43,7 @@ from serving.triton.python_backend import (
     ACCESS_HEADER, SHM_PREFIX, control_call, has_gpu, instance_layout, remove_shm, server_command, start_server, write_entry,
 )
 from serving.triton.model_formats import EMBEDDED_BACKENDS, unservable_message
+from serving.triton.pod_readiness import Latch, LoadState, ReadinessServer, could_not_try
 from serving.triton.repository import TritonTarget, triton_targets, write_model
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,9 @@ class ModelBinder:
         self.lock = threading.RLock()  # loads and liveness checks must not interleave
         self.closed = False
         self.revision = -1
+        self.configured = False  # a snapshot was applied (pod readiness: serving/triton/pod_readiness.py)
+        self.refused: dict[str, str] = {}  # triton name -> why Triton (or its format) refused its load
+        self.latch = Latch()  # one binder per tritonserver's life: a restarted one waits for its models again
         self.failures: dict[str, str] = {}  # triton name -> why its last load failed (readiness report)
         self.unwanted_since: dict[str, float] = {}  # loaded, no longer deployed: unloaded after a grace
         self.reporter: ReadinessReporter | None = None
@@ -187,6 +191,16 @@ class ModelBinder:
             self.revision = int(snapshot.get("revision", -1))
             self.users = target_users(snapshot)
             self.reconcile()
+            self.configured = True
+
+    def pod_readiness(self) -> dict[str, Any]:
+        """GET /ready: every deployed model loaded (or refused), and tritonserver running."""
+        with self.lock:
+            report = self.latch.report(LoadState(self.configured, set(self.wanted), set(self.bound),
+                                                 dict(self.refused)))
+        if not self.alive():
+            report["ready"] = False
+        return report
 
     def readiness(self) -> dict[str, Any]:
         """The embedded Triton's readiness report: the models it failed to load, and why."""
@@ -207,6 +221,7 @@ class ModelBinder:
             for name, target in self.wanted.items():  # load first: the models they replace still answer
                 self._guard(self._load, target)
             self.failures = {n: why for n, why in self.failures.items() if n in self.wanted}
+            self.refused = {n: why for n, why in self.refused.items() if n in self.wanted}
             self._unload_unwanted()
         if self.reporter is not None and failures != self.failures:
             self.reporter.poke()
@@ -248,11 +263,14 @@ class ModelBinder:
         try:
             action(arg)
             self.failures.pop(name, None)
+            self.refused.pop(name, None)
         except Exception as exc:
             log.exception("triton %s(%s) failed; will retry", action.__name__.strip("_"), name)
             if action == self._load:
                 why, before = _brief(exc), self.failures.get(name)
                 self.failures[name] = why
+                if not could_not_try(exc):
+                    self.refused[name] = why
                 if why != before:  # retried every RECONCILE_PERIOD_S: counted once per new failure
                     self._record_failure(name)
 
@@ -325,7 +343,7 @@ def _brief(exc: Exception, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _handle_signals(stop: threading.Event) -> Callable[[], None]:
+def handle_signals(stop: threading.Event) -> Callable[[], None]:
     """SIGTERM/SIGINT only set ``stop``; cleanup runs in the main flow (workspace, server)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
@@ -381,7 +399,7 @@ def run_embedded_triton(settings: TritonSettings, stop_event: threading.Event | 
     """
     _default_logging()
     stop = stop_event or threading.Event()
-    restore_signals = _handle_signals(stop)
+    restore_signals = handle_signals(stop)
     fix_library_path()
     own_process = threading.current_thread() is threading.main_thread() and stop_event is None
     if own_process:  # `serving triton`: the process is ours; an embedding test process is not
@@ -439,6 +457,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
     subscriber: ConfigSubscriber | None = None
     binder: ModelBinder | None = None
     loader_server: LoaderServer | None = None
+    readiness: ReadinessServer | None = None
     died = False
     try:
         if not _wait_live(server, http_url, stop):
@@ -453,6 +472,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
                                          lambda: worker_token(settings)).start()
             log.info("memory budget %d MB: models load on demand (loader on port %d)",
                      settings.triton_memory_budget_mb, settings.triton_loader_port)
+        if settings.triton_readiness_port > 0:
+            readiness = ReadinessServer(host, settings.triton_readiness_port, binder.pod_readiness).start()
         binder.reporter = ReadinessReporter(settings.control_plane_url, process_id("triton"), binder.readiness,
                                             kind="triton").start()
         subscriber = ConfigSubscriber(settings.control_plane_url, binder.apply,
@@ -460,6 +481,8 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
         log.info("embedded triton ready: grpc %s:%s http %s", host, settings.triton_grpc_port, http_url)
         died = _serve(stop, binder)
     finally:
+        if readiness is not None:
+            readiness.close()
         if loader_server is not None:
             loader_server.close()
         if subscriber is not None:

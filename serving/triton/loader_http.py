@@ -15,13 +15,12 @@ requests per cold model, each mostly waiting on Triton.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
+from serving.http_thread import HttpThread, JsonHandler
 from serving.triton.loader import BudgetBusy, LoadFailed, ModelLoader, NotLoadable
 
 log = logging.getLogger(__name__)
@@ -30,19 +29,9 @@ MAX_WAIT_S = 300.0
 
 
 def _handler(loader: ModelLoader, token: Callable[[], str | None]) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-            log.debug("loader %s", format % args)
-
+    class Handler(JsonHandler):
         def _send(self, status: int, body: dict[str, Any], retry_after: int | None = None) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if retry_after is not None:
-                self.send_header("Retry-After", str(retry_after))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_json(status, body, {"Retry-After": str(retry_after)} if retry_after is not None else None)
 
         def _authorized(self) -> bool:
             expected = token()
@@ -96,18 +85,8 @@ def _handler(loader: ModelLoader, token: Callable[[], str | None]) -> type[BaseH
     return Handler
 
 
-class LoaderServer:
+class LoaderServer(HttpThread):
     """Serves the endpoint in a thread until ``close``."""
 
     def __init__(self, loader: ModelLoader, host: str, port: int, token: Callable[[], str | None]) -> None:
-        self.server = ThreadingHTTPServer((host, port), _handler(loader, token))
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="triton-loader", daemon=True)
-
-    def start(self) -> "LoaderServer":
-        self.thread.start()
-        return self
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(host, port, _handler(loader, token), "triton-loader")

@@ -24,6 +24,7 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from serving.triton.auto_complete import Unreadable, declared_tensors
 from serving.triton.model_formats import FORMATS, TritonFormat, format_named, is_model_folder, is_torchscript
 
 VERSION_DIR = "1"
@@ -152,7 +153,28 @@ def describe(path: Path, framework: str) -> dict[str, Any]:
     if missing:
         raise ModelFolderError(f"{fmt.words} folder needs {', '.join(f'{VERSION_DIR}/{m}' for m in missing)} "
                                f"(it holds {', '.join(sorted(names)[:10]) or 'nothing'})")
-    return signature_from_config(cfg) if cfg is not None else {"inputs": [], "outputs": []}
+    if cfg is not None and (cfg.input or cfg.output or fmt.name != "python"):
+        return signature_from_config(cfg)
+    return _declared(fmt, _archive_file(path, f"{VERSION_DIR}/{wanted[0]}"))
+
+
+def _archive_file(path: Path, name: str) -> bytes | None:
+    with tarfile.open(path) as tar:
+        member = tar.extractfile(name) if name in tar.getnames() else None
+        return member.read() if member is not None else None
+
+
+def _declared(fmt: TritonFormat, source: bytes | None) -> dict[str, Any]:
+    """No tensors in a config.pbtxt (or none at all): a Python-backend model.py may declare them in its
+    ``auto_complete_config`` (serving/triton/auto_complete.py). What cannot be read is kept as the reason,
+    for the control plane's answer at deploy."""
+    empty: dict[str, Any] = {"inputs": [], "outputs": []}
+    if fmt.name != "python" or source is None:
+        return empty
+    try:
+        return declared_tensors(source.decode("utf-8", errors="replace")) or empty
+    except Unreadable as exc:
+        return {**empty, "auto_complete": str(exc)}
 
 
 def _describe_file(path: Path, fmt: TritonFormat) -> dict[str, Any]:
@@ -164,7 +186,7 @@ def _describe_file(path: Path, fmt: TritonFormat) -> dict[str, Any]:
         raise ModelFolderError("not a TorchScript archive (torch.jit.save writes one)")
     if path.stat().st_size == 0:
         raise ModelFolderError("the model file is empty")
-    return {"inputs": [], "outputs": []}
+    return _declared(fmt, path.read_bytes())
 
 
 def _dtype(value: int) -> str:

@@ -35,6 +35,7 @@ from serving.triton.aux_config import is_repeated
 from serving.triton.model_folder import ConfigError, is_archive, parse_config, unpack
 from serving.triton.model_formats import FORMATS, TritonFormat, target_format
 from serving.triton.naming import TRITON_VERSION, triton_model_name
+from serving.triton.pod_readiness import Latch, LoadState, could_not_try
 from serving.triton.shapes import batch_size, config_dims
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,9 @@ def _tensor_specs(target: TritonTarget) -> dict[str, list[dict[str, Any]]]:
     writes config.pbtxt's inputs from --input-name/--input-type/--input-size); else none, and Triton
     auto-completes them from the model where its backend can."""
     sig = target.signature or {}
-    if sig.get("inputs") or sig.get("outputs"):
-        return {side: list(sig.get(side) or []) for side in ("inputs", "outputs")}
+    if sig.get("inputs") or sig.get("outputs"):  # with the max_batch_size a model's own declaration fixes
+        return {**{side: list(sig.get(side) or []) for side in ("inputs", "outputs")},
+                **({"max_batch_size": sig["max_batch_size"]} if "max_batch_size" in sig else {})}
     io = target.io or {}
     complete = all(t.get("dtype") and t.get("shape") is not None for side in ("inputs", "outputs")
                    for t in io.get(side) or [])
@@ -244,38 +246,73 @@ class RepositorySync:
         self._synced_once = False
         self._pending: set[str] = set()  # loads that failed (Triton down): retried until they succeed
         self._wanted: set[str] = set()
+        self._loaded: set[str] = set()  # loads Triton accepted (and has not lost since)
+        self._refused: dict[str, str] = {}  # name -> why Triton, or the model's files, refused it
+        self._unwritten: set[str] = set()  # entries not written yet (artifact not fetched): retried
+        self._snapshot: dict[str, Any] | None = None
+        self.revision = -1
+        self.latch = Latch()
+        self._apply_lock = threading.RLock()  # the config thread and the retry thread both apply
         self._lock = threading.Lock()
         self._retry = threading.Thread(target=self._retry_loop, name="triton-load-retry", daemon=True)
         self._retry.start()
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         """Write new/changed models, then load them, then unload and delete removed ones."""
+        with self._apply_lock:
+            self._apply(snapshot)
+
+    def _apply(self, snapshot: dict[str, Any]) -> None:
         self.repo_dir.mkdir(parents=True, exist_ok=True)
+        self._snapshot = snapshot
+        self.revision = int(snapshot.get("revision", -1))
         wanted = triton_targets(snapshot)
         stale = managed_models(self.repo_dir) - set(wanted)
-        changed = []
+        changed, unwritten = [], set()
         for name, target in wanted.items():
             try:
                 if write_model(self.repo_dir, target, self.artifact_path(target.artifact)):
                     changed.append(name)
-            except (OSError, ConfigError) as exc:
+            except Exception as exc:  # one model's files must not stop the others
                 log.error("cannot write Triton model %s: %s", name, exc)
+                if could_not_try(exc):
+                    unwritten.add(name)  # the artifact could not be fetched: written again later
+                else:
+                    self._refused[name] = str(exc)
         # On the first snapshot Triton's state is unknown: (re)load everything we want.
-        to_load = sorted(wanted) if not self._synced_once else changed
+        to_load = set(wanted) if not self._synced_once else set(changed)
         with self._lock:
             self._wanted = set(wanted)
-            self._pending &= set(wanted)
-            self._control(sorted(set(to_load) | self._pending), sorted(stale))
+            self._unwritten = unwritten
+            self._pending &= set(wanted) - unwritten  # no files yet: nothing to load until they are written
+            to_load -= unwritten
+            self._loaded -= set(changed)
+            self._control(sorted(to_load | self._pending), sorted(stale))
         for name in stale:
             shutil.rmtree(self.repo_dir / name, ignore_errors=True)
         self._synced_once = True
 
+    def readiness(self) -> dict[str, Any]:
+        """GET /ready of a Triton pod whose models this loads (serving/triton/pod_readiness.py)."""
+        with self._lock:
+            return self.latch.report(LoadState(self._synced_once, set(self._wanted), set(self._loaded),
+                                               dict(self._refused)))
+
+    def report(self) -> dict[str, Any]:
+        """The readiness report to the control plane (serving/readiness_report.py): what Triton refused."""
+        with self._lock:
+            return {"revision": self.revision,
+                    "failures": {n: why for n, why in self._refused.items() if n in self._wanted}}
+
     def _retry_loop(self) -> None:
         while True:
             time.sleep(self.retry_period_s)
+            if self._unwritten and self._snapshot is not None:
+                self.apply(self._snapshot)
             with self._lock:
                 lost = self._lost()
                 if lost:
+                    self.latch.reset()  # tritonserver restarted: the pod waits for its models again
                     log.warning("Triton lost %s (restarted, or unloaded behind our back); loading again",
                                 ", ".join(lost))
                     self._pending |= set(lost)
@@ -299,7 +336,8 @@ class RepositorySync:
         finally:
             client.close()
         ready = {m.get("name") for m in index if isinstance(m, dict) and m.get("state") == "READY"}
-        return sorted(self._wanted - ready - self._pending)
+        self._loaded &= ready
+        return sorted(self._wanted - ready - self._pending - set(self._refused))
 
     def _control(self, load: list[str], unload: list[str]) -> None:
         if not self.control_url or not (load or unload):
@@ -314,10 +352,14 @@ class RepositorySync:
                     action(name, headers=self.headers)
                     log.info("triton %s %s", action.__name__, name)
                     self._pending.discard(name)
+                    self._refused.pop(name, None)
+                    (self._loaded.add if action == client.load_model else self._loaded.discard)(name)
                 except Exception as exc:  # Triton down or model broken: log, retry loads later
                     log.error("triton %s %s failed: %s", action.__name__, name, exc)
                     if action == client.load_model:
                         self._pending.add(name)
+                        if not could_not_try(exc):
+                            self._refused[name] = str(exc)
         finally:
             client.close()
 

@@ -23,7 +23,7 @@ from serving.settings import WorkerSettings
 from serving.worker.config_sync import ConfigSync
 from serving.worker.dataplane import DataPlane, Recorder
 from serving.worker.engines.registry import build_engines
-from serving.worker.errors import ServingError
+from serving.worker.errors import ServingError, UnknownEndpoint
 from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
 from serving.worker.frontends.openai import openai_router
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServingError)
     async def serving_error(request: Request, exc: ServingError) -> Response:
+        if isinstance(exc, UnknownEndpoint) and request.url.path.startswith("/v2/"):
+            exc = exc.as_triton()  # in Triton's words on its protocol
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)

@@ -19,8 +19,8 @@ from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.client_keys import ClientKeys
 from serving.worker.engines.base import Engine
-from serving.worker.errors import (BadRequest, ModelNotReady, NotFound, ServingError, Unavailable, Unprocessable,
-                                   user_code_error)
+from serving.worker.errors import (BadRequest, ModelNotReady, NotFound, ServingError, UnknownEndpoint, Unavailable,
+                                   Unprocessable, user_code_error)
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
 from serving.worker.version_stats import VersionStatistics
@@ -93,7 +93,7 @@ class DataPlane:
         if not config.loaded:
             raise Unavailable("this worker has no configuration yet (control plane unreachable, no cache)")
         known = ", ".join(sorted(config.endpoints)) or "none"
-        raise NotFound(f"unknown endpoint {name!r} (endpoints: {known})")
+        raise UnknownEndpoint(name, known)
 
     def route(self, ep: EndpointRuntime, version: int | None, routing_key: str | None) -> Target:
         if version is None:

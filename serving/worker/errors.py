@@ -10,8 +10,8 @@ from serving.errors import (BadGateway, BadRequest, Forbidden, GatewayTimeout, N
 ServingError = ServiceError  # the name the worker's modules use
 
 __all__ = ["BadGateway", "BadRequest", "Forbidden", "GatewayTimeout", "ModelNotReady", "NotFound",
-           "PayloadTooLarge", "ServingError", "TooManyRequests", "Unauthorized", "Unavailable", "Unprocessable",
-           "UnsupportedMediaType", "brief", "user_code_error"]
+           "PayloadTooLarge", "ServingError", "TooManyRequests", "Unauthorized", "Unavailable", "UnknownEndpoint",
+           "Unprocessable", "UnsupportedMediaType", "brief", "user_code_error"]
 
 
 def brief(message: object, limit: int = 240) -> str:
@@ -21,6 +21,19 @@ def brief(message: object, limit: int = 240) -> str:
         return ""
     line = lines[-1] if any(line.startswith("Traceback") for line in lines) else lines[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class UnknownEndpoint(NotFound):
+    """No endpoint of that name. The v2 front ends (HTTP and gRPC) word it as Triton does
+    (:meth:`as_triton`): Triton's own clients and example scripts check that the message starts with
+    Triton's words; the platform's list of endpoints follows them."""
+
+    def __init__(self, name: str, known: str) -> None:
+        super().__init__(f"unknown endpoint {name!r} (endpoints: {known})")
+        self.name, self.known = name, known
+
+    def as_triton(self) -> NotFound:
+        return NotFound(f"Request for unknown model: '{self.name}' is not found (endpoints: {self.known})")
 
 
 class ModelNotReady(Unavailable):

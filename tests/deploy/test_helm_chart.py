@@ -155,20 +155,6 @@ def test_the_chart_refuses_a_kubernetes_older_than_1_20():
     assert out.returncode != 0 and "kubeVersion" in out.stderr, out.stderr
 
 
-def test_embedded_triton_values_run_serving_triton_from_the_platforms_triton_image():
-    docs = manifests("default", "triton: {image: {repository: localhost/serving-triton, tag: t}, embedded: true}")
-    (dep,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"].endswith("-triton")]
-    (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert c["image"] == "localhost/serving-triton:t" and c["args"] == ["triton"] and "command" not in c
-    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
-    assert env["SERVING_CONTROL_PLANE_URL"] == "http://demo-serving-control-plane:8080"
-    assert env["SERVING_WORKER_TOKEN"]["secretKeyRef"]["key"] == "worker-token"
-    assert (env["SERVING_TRITON_HTTP_PORT"], env["SERVING_TRITON_GRPC_PORT"], env["SERVING_TRITON_METRICS_PORT"]) \
-        == ("8000", "8001", "8002")
-    (default,) = [d for d in find(manifests("default"), "Deployment") if d["metadata"]["name"].endswith("-triton")]
-    assert default["spec"]["template"]["spec"]["containers"][0]["command"] == ["tritonserver"]
-
-
 def test_helm_test_pod_calls_the_workers_service():
     (pod,) = [d for d in find(manifests("default"), "Pod")]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
@@ -280,3 +266,110 @@ def test_an_ingress_without_tls_is_refused_unless_plain_http_is_asked_for():
     assert "tls" not in ingress["spec"] and "host" not in ingress["spec"]["rules"][0]
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
         chart.render({"ingress": {"enabled": True, "tls": [{"secretName": "serving-tls"}]}}, name="demo")
+
+
+# --- several Triton pods (triton.replicas; docs/deploy-helm.md "Several Triton pods") ----------------------
+
+def _triton(docs: list[dict]) -> tuple[dict, dict[str, dict]]:
+    (dep,) = [d for d in find(docs, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "triton"]
+    return dep, {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _port(container: dict, name: str) -> int:
+    return next(p["containerPort"] for p in container["ports"] if p["name"] == name)
+
+
+@pytest.mark.parametrize("mode", ["nvidia", "embedded"])
+def test_triton_replicas_give_pods_that_load_their_own_models_behind_a_headless_service(mode):
+    import helm_python as helm
+    import kubernetes_validate
+
+    from serving.settings import TritonSettings, TritonSidecarSettings
+    from serving.worker.engines.triton_pool import addresses_source
+    from tests.deploy.artifacts import env_names
+
+    overrides = {"triton": {"replicas": 2, "mode": mode}, "metrics": {"serviceMonitor": {"enabled": True}}}
+    report = helm.lint(CHART, overrides, strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert not report["errors"] and not [m for m in report["messages"] if m["severity"] >= 2], report
+    docs = manifests("default", yaml.safe_dump(overrides))
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) not in CRD_KINDS:
+            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    dep, containers = _triton(docs)
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    # no shared repository volume, no pinning to the control plane's node
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v] and "affinity" not in pod
+
+    # the pod is Ready only once its loader says every deployed model is loaded
+    loader = containers["triton" if mode == "embedded" else "model-loader"]
+    assert loader["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "readiness"}
+    assert int(_env(loader)["SERVING_TRITON_READINESS_PORT"]) == _port(loader, "readiness")
+    settings = TritonSettings if mode == "embedded" else TritonSidecarSettings
+    assert set(_env(loader)) <= env_names(settings), set(_env(loader)) - env_names(settings)
+    if mode == "embedded":
+        assert set(containers) == {"triton"} and loader["args"] == ["triton"]
+        assert loader["image"] == "serving-triton:0.1.0"
+        for port in ("http", "grpc", "metrics"):
+            assert int(_env(loader)[f"SERVING_TRITON_{port.upper()}_PORT"]) == _port(loader, port)
+    else:
+        triton = containers["triton"]
+        assert set(containers) == {"triton", "model-loader"} and loader["args"] == ["triton-sidecar"]
+        args = dict(a.split("=", 1) for a in triton["args"])
+        env = _env(loader)
+        assert args["--model-repository"] == env["SERVING_TRITON_MODEL_REPOSITORY"]
+        assert env["SERVING_TRITON_CONTROL_URL"] == f"http://127.0.0.1:{args['--http-port']}"
+        assert args["--model-control-mode"] == "explicit"
+        mounts = {c: {m["name"]: m["mountPath"] for m in containers[c]["volumeMounts"]} for c in containers}
+        assert mounts["triton"]["home"] == mounts["model-loader"]["home"] == env["SERVING_HOME"]
+        assert env["SERVING_TRITON_MODEL_REPOSITORY"].startswith(env["SERVING_HOME"] + "/")
+        assert {"name": "home", "emptyDir": {}} in pod["volumes"]
+
+    # workers resolve the headless Service: one address per ready Triton pod, on the gRPC port
+    cms = {d["metadata"]["name"]: d["data"] for d in find(docs, "ConfigMap")}
+    url = cms["demo-serving-worker"]["SERVING_TRITON_GRPC_URL"]
+    source = addresses_source(url, lookup=lambda host, port: [f"10.0.0.1:{port}"])
+    (headless,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == source.host]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (grpc,) = [p for p in headless["spec"]["ports"] if p["name"] == "grpc"]
+    assert source.port == grpc["port"] == _port(containers["triton"], "grpc")
+    # the control plane no longer loads through the Service (it still writes its repository volume)
+    assert "SERVING_TRITON_CONTROL_URL" not in cms["demo-serving-control-plane"]
+    # the Triton ServiceMonitor still selects exactly one Service (each pod scraped once)
+    (sm,) = [m for m in find(docs, "ServiceMonitor") if m["metadata"]["name"].endswith("-triton")]
+    assert len([s for s in find(docs, "Service")
+                if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]) == 1
+
+
+def test_one_triton_by_default_as_before():
+    docs = manifests("default")
+    dep, containers = _triton(docs)
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert set(containers) == {"triton"}
+    assert containers["triton"]["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    cms = {d["metadata"]["name"]: d["data"] for d in find(docs, "ConfigMap")}
+    assert cms["demo-serving-worker"]["SERVING_TRITON_GRPC_URL"] == "demo-serving-triton:8001"
+    assert cms["demo-serving-control-plane"]["SERVING_TRITON_CONTROL_URL"] == "http://demo-serving-triton:8000"
+    # one NVIDIA Triton may still load its own models (no shared volume needed: e.g. a GPU node of its own)
+    dep, containers = _triton(manifests("default", yaml.safe_dump({"triton": {"modelLoading": "pod"}})))
+    assert dep["spec"]["replicas"] == 1 and set(containers) == {"triton", "model-loader"}
+
+
+def test_triton_values_that_cannot_work_are_refused():
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError, match="modelLoading=controlPlane needs triton.replicas=1"):
+        rendered_files("default", yaml.safe_dump({"triton": {"replicas": 2, "modelLoading": "controlPlane"}}))
+    with pytest.raises(helm.HelmError, match="embedded loads its own models"):
+        rendered_files("default", yaml.safe_dump({"triton": {"mode": "embedded", "modelLoading": "controlPlane"}}))
+    with helm.Chart.load(CHART) as chart:
+        for bad in ({"triton": {"replicas": 0}}, {"triton": {"mode": "nvida"}}, {"triton": {"modelLoading": "pods"}},
+                    {"triton": {"ports": {"readines": 8005}}}):
+            with pytest.raises(helm.HelmValuesError):
+                chart.render(bad, name="demo")

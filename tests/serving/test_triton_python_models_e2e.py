@@ -6,6 +6,9 @@ The model (tests/serving/triton/triton_models.py) is uploaded as its model folde
 ``1/model.py``: it runs as it is, its own code, config parameters and string tensors. Every answer is
 compared with what its model.py computes when run directly on the same texts. A format the embedded
 Triton has no backend for (a TensorRT plan) is refused at `model add` with a 422 that names the way.
+A ``model.py`` uploaded alone, without its config.pbtxt, is served when its tensors are known (its own
+``auto_complete_config``, or ClearML's ``--input-*``/``--output-*`` flags) and refused at `model add` with
+a 422 saying what is missing otherwise.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.serving.stack import make_stack
-from tests.serving.triton.triton_models import run_model_py, shout_folder, tensorrt_plan
+from tests.serving.triton.triton_models import run_model_py, shout_alone, shout_folder, tensorrt_plan
 from tests.support.procs import free_port
 
 TEXTS = ["café", "naïve 東京", "ok", ""]
@@ -102,3 +105,52 @@ def test_a_tensorrt_plan_is_refused_on_the_embedded_triton_naming_the_way(stack)
     res = stack.cli("model", "add", "--endpoint", "trt", "--model", "engine", check=False)
     assert res.returncode != 0 and "a TensorRT plan" in res.stdout + res.stderr
     assert stack.api().get("/endpoints/trt").status_code == 404
+
+
+def answers_as_its_model_py(stack, endpoint: str, model_py) -> None:
+    want = run_model_py(model_py.parent.parent, TEXTS, "")
+    r = httpx.post(f"{stack.worker_url()}/serve/{endpoint}", json={"inputs": {"TEXT": TEXTS}}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["outputs"] == {"UPPER": [b.decode() for b in want["UPPER"]], "LENGTH": want["LENGTH"].tolist()}
+    client = httpclient.InferenceServerClient(stack.worker_url().removeprefix("http://"))
+    text = httpclient.InferInput("TEXT", [len(TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_))
+    result = client.infer(endpoint, [text])
+    client.close()
+    assert [b.decode() for b in result.as_numpy("UPPER")] == [b.decode() for b in want["UPPER"]]
+
+
+@pytest.mark.timeout(300)
+def test_a_model_py_alone_that_declares_its_tensors_in_auto_complete_config_is_served(stack):
+    model_py = shout_alone(stack.root / "auto", auto_complete=True)
+    stack.cli("model", "upload", "--name", "shout-auto", "--path", str(model_py))
+    stack.cli("model", "add", "--endpoint", "shout-auto", "--model", "shout-auto:1", "--engine", "triton", "--wait")
+    answers_as_its_model_py(stack, "shout-auto", model_py)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_py_alone_is_served_with_its_tensors_named_by_clearmls_flags(stack):
+    model_py = shout_alone(stack.root / "flags", auto_complete=False)
+    stack.cli("model", "upload", "--name", "shout-flags", "--path", str(model_py))
+    stack.cli("model", "add", "--endpoint", "shout-flags", "--model", "shout-flags:1", "--engine", "triton",
+              "--input-name", "TEXT", "--input-type", "bytes", "--input-size", "[-1]",
+              "--output-name", "UPPER", "LENGTH", "--output-type", "bytes", "int32", "--output-size", "[-1]", "[-1]",
+              "--wait")
+    answers_as_its_model_py(stack, "shout-flags", model_py)
+
+
+def test_a_model_py_alone_with_nothing_declaring_its_tensors_is_refused_at_model_add(stack):
+    model_py = shout_alone(stack.root / "bare", auto_complete=False)
+    stack.cli("model", "upload", "--name", "shout-bare", "--path", str(model_py))
+    res = stack.cli("model", "add", "--endpoint", "shout-bare", "--model", "shout-bare:1", "--engine", "triton",
+                    check=False)
+    said = res.stdout + res.stderr
+    assert res.returncode != 0 and "422" in said, said
+    for words in ("shout-bare:1 is a Python-backend model.py uploaded without its config.pbtxt",
+                  "Triton would load it with none and refuse every request", "--path MODEL_DIR",
+                  "auto_complete_config", "--input-name/--input-type/--input-size"):
+        assert words in " ".join(said.split()), (words, said)
+    with stack.api() as api:
+        assert api.get("/endpoints/shout-bare").status_code == 404, "nothing was deployed"
+        r = api.post("/endpoints", json={"endpoint": "shout-bare", "model": "shout-bare", "engine": "triton"})
+        assert r.status_code == 422 and "without its config.pbtxt" in r.json()["detail"], r.text

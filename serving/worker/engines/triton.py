@@ -1,62 +1,51 @@
 """Forward tensors to NVIDIA Triton over gRPC (``tritonclient.grpc.aio``).
 
-One client (one HTTP/2 channel) per worker process, created inside the process's
-event loop on first use and reused by every request: a channel per request would
-cost a TCP and HTTP/2 handshake each time. gRPC reconnects the channel by itself,
-so when Triton comes back requests succeed again without a restart; meanwhile
-each failure is a 503 with ``Retry-After``.
+Which server runs a call is the ``channels`` object's business: one Triton over one reused
+channel (serving/worker/engines/triton_channels.py, the ``host:port`` setting), or several,
+spread and failed over (serving/worker/engines/triton_pool.py, ``dns:///name:port`` or a
+``host:port,host:port`` list). A channel per request would cost a TCP and HTTP/2 handshake each
+time; gRPC reconnects a channel by itself, so when Triton comes back requests succeed again
+without a restart; meanwhile each failure is a 503 with ``Retry-After``.
 """
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+from tritonclient.utils import np_to_triton_dtype
 
 from serving.triton.loader_client import ColdLoadError, LoaderClient
 from serving.triton.shapes import from_api, to_api
 from serving.worker.batcher import MicroBatcher
-from serving.worker.errors import BadGateway, BadRequest, ModelNotReady, Unavailable, brief
+from serving.worker.engines.triton_channels import DNS_PREFIX, OneTriton
+from serving.worker.engines.triton_pool import TritonPool, addresses_source
+from serving.worker.errors import ModelNotReady, Unavailable
 from serving.worker.runtime import Target
 
-_MODEL_MISSING = ("unknown model", "is not ready", "not found", "no version is available")
 COLD_TRIES = 3  # calls of a request whose model is cold under the memory budget (each after a load)
-_UNREACHABLE = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "failed to connect", "Socket closed")
 
 
-def classify(exc: InferenceServerException, url: str, model: str) -> Exception:
-    status, message = str(exc.status() or ""), str(exc.message() or exc)
-    if any(s in message for s in _MODEL_MISSING):
-        return ModelNotReady(f"model {model} is not loaded in Triton yet")
-    if any(s in status or s in message for s in _UNREACHABLE):
-        return Unavailable(f"Triton at {url} is unreachable ({status or message})")
-    if "INVALID_ARGUMENT" in status:
-        return BadRequest(f"Triton rejected the request for {model}: {brief(message)}")
-    return BadGateway(f"Triton failed on {model}: {brief(message)}")
+def channels_for(setting: str, resolve_period_s: float = 5.0) -> OneTriton | TritonPool:
+    """``host:port``: one server (as always); ``dns:///name:port`` or ``h1:p1,h2:p2``: several."""
+    setting = setting.strip()
+    if setting.startswith(DNS_PREFIX) or "," in setting:
+        return TritonPool(addresses_source(setting), resolve_period_s)
+    return OneTriton(setting)
 
 
 class TritonEngine:
     kind = "tensors"  # the data plane matches preprocess output to the model signature first
 
-    def __init__(self, url: str, timeout_s: float = 30.0, batching: bool = True,
+    def __init__(self, url: str | OneTriton | TritonPool, timeout_s: float = 30.0, batching: bool = True,
                  loader: LoaderClient | None = None) -> None:
-        self.url = url
+        self.channels = channels_for(url) if isinstance(url, str) else url
+        self.url = self.channels.url
         self.loader = loader  # the embedded Triton's load-on-demand endpoint (memory budget)
         self.timeout_s = timeout_s
         self.batching = batching  # merge concurrent requests in the worker (serving/worker/batcher.py)
-        self._client: grpc_aio.InferenceServerClient | None = None
-        self._sync_client: Any = None  # readiness checks from the config thread (no event loop there)
-        self._sync_lock = threading.Lock()
         self._batchers: dict[str, MicroBatcher] = {}  # by Triton model name
-
-    def client(self) -> grpc_aio.InferenceServerClient:
-        if self._client is None:
-            self._client = grpc_aio.InferenceServerClient(self.url)
-        return self._client
 
     def prepare(self, target: Target) -> None:
         """Triton holds the models; nothing to load here."""
@@ -117,47 +106,28 @@ class TritonEngine:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         outputs = [InferRequestedOutput(n) for n in target.output_names]
-        try:
-            result = await self.client().infer(target.triton_name, tensors, outputs=outputs or None,
-                                               client_timeout=self.timeout_s)
-        except InferenceServerException as exc:
-            raise classify(exc, self.url, target.triton_name) from None
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise Unavailable(f"Triton at {self.url} is unreachable ({exc})") from None
+        result = await self.channels.run(target.triton_name, lambda client: client.infer(
+            target.triton_name, tensors, outputs=outputs or None, client_timeout=self.timeout_s))
         names = target.output_names or [o.name for o in result.get_response().outputs]
         return from_api({n: result.as_numpy(n) for n in names}, target.padded)
 
     async def ready(self, target: Target) -> bool:
-        try:
-            if await self.client().is_model_ready(target.triton_name, client_timeout=2.0):
-                return True
-        except Exception:
-            return False
+        if await self.channels.model_ready(target.triton_name):
+            return True
         return self.loader is not None and await self.loader.aloadable(target.triton_name)  # cold: loads on demand
 
     def is_ready(self, target: Target) -> bool:
         """Readiness gate (serving/worker/gate.py): has Triton loaded this model? Called from the
         config thread, so a blocking client of its own; unreachable counts as not ready."""
-        import tritonclient.grpc as grpc_sync
-
-        with self._sync_lock:
-            if self._sync_client is None:
-                self._sync_client = grpc_sync.InferenceServerClient(self.url)
-            client = self._sync_client
-        try:
-            if client.is_model_ready(target.triton_name, client_timeout=2.0):
-                return True
-        except Exception:
-            return False
+        if self.channels.model_ready_sync(target.triton_name):
+            return True
         # cold under the embedded Triton's memory budget: loaded on demand, so ready to take traffic
         return self.loader is not None and self.loader.loadable(target.triton_name)
 
     async def close(self) -> None:
         if self.loader is not None:
             await self.loader.close()
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        await self.channels.close()
 
 
 def create(settings: Any, artifact_path: Any) -> TritonEngine:
@@ -165,4 +135,5 @@ def create(settings: Any, artifact_path: Any) -> TritonEngine:
 
     url = settings.triton_loader_url
     loader = LoaderClient(url, lambda: worker_token(settings)) if url else None
-    return TritonEngine(settings.triton_grpc_url, settings.infer_timeout_s, settings.worker_batching, loader)
+    channels = channels_for(settings.triton_grpc_url, settings.triton_resolve_period_s)
+    return TritonEngine(channels, settings.infer_timeout_s, settings.worker_batching, loader)

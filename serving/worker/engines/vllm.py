@@ -8,7 +8,8 @@ measured in docs/benchmarks.md). Where a version's engine is:
 - external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``), its
   model named ``served_model_name`` there (default: the model's name);
 - embedded: the launcher (``serving llm``, started by ``serving up``) runs one vLLM server per model
-  version and maps ``"<model>:<version>"`` to its URL and state at ``SERVING_LLM_LAUNCHER_URL/engines``.
+  version and set of launch options, and maps its key (serving/llm/naming.py: ``"<model>:<version>"``,
+  ``@<hash>`` added for options) to its URL and state at ``SERVING_LLM_LAUNCHER_URL/engines``.
   The map is asked again at most once a second, and at once after a connection to an engine failed
   (a restarted engine comes back on another port).
 
@@ -16,6 +17,13 @@ The request's ``model`` (what the client named: the endpoint, or ``endpoint/vers
 to the engine's served name on the way in, and back in answers and the engine's error messages. An
 engine that does not answer is a 503 with ``Retry-After``; what the engine refuses keeps its status and its OpenAI error (:class:`EngineRefused`).
 Closing a stream (the client went away) closes the upstream connection, and vLLM aborts the generation.
+
+Pooled connections: vLLM's server closes a keep-alive connection idle for 5 s (uvicorn's
+``--timeout-keep-alive``). A request sent on a pooled connection just as the engine closes it fails
+before any byte of the answer (``ServerDisconnectedError``): aiohttp retries that by itself for GET, never
+for POST. So the pool keeps idle connections for ``KEEPALIVE_S``, shorter than the engine does, and a
+POST that fails that way on a reused connection is sent once more on a connection of its own (nothing was
+answered, so the engine generated nothing the client will see twice).
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ import aiohttp
 import httpx
 import orjson
 
+from serving.llm.naming import engine_key
 from serving.worker.engines.sse import DONE, SseEvent, read_events
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
 from serving.worker.llm_tokens import PromptCounter
@@ -36,6 +45,7 @@ from serving.worker.runtime import Target
 
 MAP_TTL_S = 1.0  # how long the launcher's map is reused
 RETRY_AFTER_S = 2
+KEEPALIVE_S = 2.0  # idle pooled connections closed after this: well inside vLLM's 5 s, so it rarely closes first
 
 
 class EngineRefused(ServingError):
@@ -53,7 +63,8 @@ class Upstream:
 
 
 def served_name(target: Target) -> str:
-    return f"{target.model}:{target.version}"
+    """The launcher's key of this version's engine (its options decide which engine, not only the version)."""
+    return engine_key(target.model, target.version, target.engine_options)
 
 
 class VllmEngine:
@@ -65,15 +76,25 @@ class VllmEngine:
         self.timeout_s = timeout_s
         self.tokens = counter
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # never pooled: the one retry of a stale connection
         self._map: dict[str, Any] = {}
         self._map_at = 0.0
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:  # in the worker's event loop, on first use
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=0), headers={"content-type": "application/json"})
+            self._session = self._new_session(aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+                                              [_reuse_trace()])
         return self._session
+
+    def fresh_session(self) -> aiohttp.ClientSession:
+        if self._fresh is None or self._fresh.closed:
+            self._fresh = self._new_session(aiohttp.TCPConnector(limit=0, force_close=True), [])
+        return self._fresh
+
+    def _new_session(self, connector: aiohttp.TCPConnector, traces: list) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout_s),
+            connector=connector, headers={"content-type": "application/json"}, trace_configs=traces)
 
     # --- engine interface -------------------------------------------------------------
     def prepare(self, target: Target) -> None:
@@ -98,8 +119,9 @@ class VllmEngine:
         return await asyncio.to_thread(self.is_ready, target)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
 
     # --- where a version's engine is ----------------------------------------------------
     async def upstream(self, target: Target) -> Upstream:
@@ -107,7 +129,9 @@ class VllmEngine:
         if options.get("url"):
             return Upstream(str(options["url"]).rstrip("/"), str(options.get("served_model_name") or target.model))
         name = served_name(target)
-        entry = (await self._engines(fresh=False)).get(name) or (await self._engines(fresh=True)).get(name)
+        entry = (await self._engines(fresh=False)).get(name)
+        if not entry or entry.get("state") != "ready":  # the cached map may be older than the engine's start
+            entry = (await self._engines(fresh=True)).get(name)
         if not entry:
             raise Unavailable(f"no LLM engine runs model {name} yet (the launcher at {self.launcher_url} "
                               "has not started it)", retry_after_s=RETRY_AFTER_S)
@@ -151,8 +175,15 @@ class VllmEngine:
         """One call to the engine, up to its status line; a call cancelled on the way (the client left)
         closes its connection, which is how the engine learns to stop."""
         up = await self.upstream(target)
+        url, data, sent = f"{up.url}/{route}", _encode(body, up), {"reused": False}
         try:
-            return await self.session().post(f"{up.url}/{route}", data=_encode(body, up)), up
+            try:
+                return await self.session().post(url, data=data, trace_request_ctx=sent), up
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError) or not sent["reused"]:
+                    raise
+            # a pooled connection the engine closed as it was reused: nothing answered, so once more, anew
+            return await self.fresh_session().post(url, data=data), up
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._failed(target, exc) from None
 
@@ -226,6 +257,17 @@ class EngineStream:
             self.response.release()
         else:
             self.response.close()
+
+
+def _reuse_trace() -> aiohttp.TraceConfig:
+    """Marks a request's ``trace_request_ctx`` (a dict) when it went out on a pooled connection."""
+    async def reused(session: aiohttp.ClientSession, ctx: Any, params: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["reused"] = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(reused)
+    return trace
 
 
 def _health(base_url: str) -> str:

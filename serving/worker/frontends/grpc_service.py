@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from serving.worker.dataplane import DataPlane
-from serving.worker.errors import ServingError
+from serving.worker.errors import ServingError, UnknownEndpoint
 from serving.worker.frontends.grpc_codec import decode_infer_request, encode_infer_response
 from serving.worker.frontends.serve_rest import parse_version
 from serving.worker.frontends.v2_models import (
@@ -39,7 +39,10 @@ CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTIC
 
 
 def status_of(exc: ServingError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-    """The gRPC code, message and trailing metadata of a worker error (retry hint included)."""
+    """The gRPC code, message and trailing metadata of a worker error (retry hint included); an unknown
+    model in Triton's words, as on v2 over HTTP."""
+    if isinstance(exc, UnknownEndpoint):
+        exc = exc.as_triton()
     retry = exc.headers.get("Retry-After")
     message = f"{exc.message} (retry after {retry} s)" if retry else exc.message
     return CODES.get(exc.status, grpc.StatusCode.INTERNAL), message, ((RETRY_AFTER, retry),) if retry else ()

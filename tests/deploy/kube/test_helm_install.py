@@ -4,7 +4,7 @@
    copied into the node's containerd; there is no registry. PostgreSQL and Kafka run from the
    chart's own StatefulSets with the compose test's stand-in images (Debian's PostgreSQL 15 keeping
    the postgres image's uid 70 and start-up contract; Tansu for Kafka), and Triton is the platform
-   image's embedded Triton (``triton.embedded``), as in deploy/docker-compose.stand-ins.yml: NVIDIA's
+   image's embedded Triton (``triton.mode: embedded``), as in deploy/docker-compose.stand-ins.yml: NVIDIA's
    image cannot be pulled here. Claims are bound to ``local`` volumes (tests/support/kube/storage.py).
 2. Every pod becomes Ready; `helm test` runs the chart's test pod, which calls a worker.
 3. The user flow through the cluster's Services, reached from the host through the CNI bridge:
@@ -85,7 +85,7 @@ def chart_values(names: dict[str, str]) -> dict:
     small = {"requests": {"cpu": "50m", "memory": "128Mi"}}
     return {
         "image": repo_tag(names["SERVING_IMAGE"]),
-        "triton": {"image": repo_tag(names["SERVING_TRITON_IMAGE"]), "embedded": True,
+        "triton": {"mode": "embedded", "embedded": {"image": repo_tag(names["SERVING_TRITON_IMAGE"])},
                    "resources": {**small, "limits": {"memory": "4Gi"}}},
         "postgresql": {"image": repo_tag(names["SERVING_STANDIN_POSTGRES_IMAGE"]), "resources": small},
         "kafka": {"image": repo_tag(names["SERVING_STANDIN_KAFKA_IMAGE"]), "resources": small},

@@ -8,6 +8,7 @@ from pathlib import Path
 from serving.llm.engine_process import EngineSpec, last_error, vllm_command, wanted_engines
 from serving.llm.folder import archive_folder, read_archive
 from serving.llm.memory import MB, EngineMemory
+from serving.llm.naming import engine_key
 
 
 def endpoint(engine: str, targets: list[tuple[str, int]], **options) -> dict:
@@ -15,17 +16,19 @@ def endpoint(engine: str, targets: list[tuple[str, int]], **options) -> dict:
             "targets": [{"model": m, "version": v, "artifact": f"sha-{m}-{v}"} for m, v in targets]}
 
 
-def test_one_engine_per_version_shared_with_the_first_endpoints_options_and_none_for_external_ones():
+def test_one_engine_per_version_and_options_each_with_its_own_and_none_for_external_ones():
     snapshot = {"endpoints": {
         "b-chat": endpoint("vllm", [("llm", 1), ("llm", 2)], dtype="float32"),
         "a-chat": endpoint("vllm", [("llm", 1)], dtype="bfloat16"),
+        "c-chat": endpoint("vllm", [("llm", 1)], dtype="float32"),
         "remote": endpoint("vllm", [("big", 1)], url="http://gpu:8000/v1"),
         "onnx": endpoint("triton", [("bert", 1)]),
     }}
     wanted = wanted_engines(snapshot)
-    assert sorted(wanted) == ["llm:1", "llm:2"]
-    assert wanted["llm:1"] == EngineSpec("llm:1", "sha-llm-1", {"dtype": "bfloat16"})  # a-chat sorts first
-    assert wanted["llm:2"].options == {"dtype": "float32"}
+    f32, bf16 = engine_key("llm", 1, {"dtype": "float32"}), engine_key("llm", 1, {"dtype": "bfloat16"})
+    assert sorted(wanted) == sorted([f32, bf16, engine_key("llm", 2, {"dtype": "float32"})])
+    assert wanted[bf16] == EngineSpec(bf16, "sha-llm-1", {"dtype": "bfloat16"})
+    assert wanted[f32] == EngineSpec(f32, "sha-llm-1", {"dtype": "float32"})  # b-chat and c-chat share it
 
 
 def test_the_command_line_maps_each_option_to_vllms_flag():

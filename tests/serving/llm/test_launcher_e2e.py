@@ -14,6 +14,7 @@ import httpx
 import psutil
 import pytest
 
+from serving.llm.naming import engine_key
 from serving.settings import LLMSettings
 from serving.supervisor import group_members
 from serving.testmodels_llm import build_tiny_llama, greedy_reference
@@ -22,6 +23,8 @@ from tests.support.ci import cannot_run
 from tests.support.procs import port_open, wait_until
 
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
+GOOD = engine_key("tiny", 1, {"dtype": "float32", "max_model_len": 512})  # chat's engine: version and options
+BROKEN = engine_key("tiny", 2, {"extra_args": ["--no-such-flag"]})
 
 
 def engines(stack) -> dict:
@@ -60,50 +63,50 @@ def stack(tmp_path_factory):
 
 
 def test_an_engine_per_deployed_version_ready_and_serving_the_folder(stack):
-    wait_until(lambda: engines(stack).get("tiny:1", {}).get("state") == "ready", START_S, "tiny:1 ready", interval=1)
-    engine = engines(stack)["tiny:1"]
-    assert engine["served_model_name"] == "tiny:1" and engine["error"] is None
+    wait_until(lambda: engines(stack).get(GOOD, {}).get("state") == "ready", START_S, "tiny:1 ready", interval=1)
+    engine = engines(stack)[GOOD]
+    assert engine["served_model_name"] == GOOD and engine["error"] is None
     assert engine["url"].startswith("http://127.0.0.1:") and engine["url"].endswith("/v1")
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(stack.bundle.path)("the quick brown fox")["input_ids"]
     r = httpx.post(f"{engine['url']}/completions", timeout=60, json={
-        "model": "tiny:1", "prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True})
+        "model": GOOD, "prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["token_ids"] == greedy_reference(stack.bundle.path, ids, 8)
 
 
 def test_a_crash_loop_is_failed_with_the_engines_reason(stack):
-    wait_until(lambda: engines(stack).get("tiny:2", {}).get("state") == "failed", START_S, "tiny:2 failed", interval=1)
-    error = engines(stack)["tiny:2"]["error"]
+    wait_until(lambda: engines(stack).get(BROKEN, {}).get("state") == "failed", START_S, "tiny:2 failed", interval=1)
+    error = engines(stack)[BROKEN]["error"]
     assert "crash-looped: it exited with code" in error and "(5 exit(s)" in error, error
     assert "unrecognized arguments: --no-such-flag" in error, error
     with stack.api() as api:
         status = api.get("/endpoints/broken/status").json()
-    assert status["state"] == "failed" and "vLLM engine of tiny:2 failed" in status["error"], status
+    assert status["state"] == "failed" and f"vLLM engine of {BROKEN} failed" in status["error"], status
 
 
 def test_kill_9_restarts_the_engine(stack):
-    wait_until(lambda: engines(stack).get("tiny:1", {}).get("state") == "ready", START_S, "tiny:1 ready", interval=1)
-    port = int(engines(stack)["tiny:1"]["url"].rsplit(":", 1)[1].split("/")[0])
+    wait_until(lambda: engines(stack).get(GOOD, {}).get("state") == "ready", START_S, "tiny:1 ready", interval=1)
+    port = int(engines(stack)[GOOD]["url"].rsplit(":", 1)[1].split("/")[0])
     before = engine_pid(port)
     os.kill(before, signal.SIGKILL)
-    wait_until(lambda: engines(stack)["tiny:1"]["state"] == "starting", 30, "the death noticed")
-    error = engines(stack)["tiny:1"]["error"]
+    wait_until(lambda: engines(stack)[GOOD]["state"] == "starting", 30, "the death noticed")
+    error = engines(stack)[GOOD]["error"]
     assert error.startswith("engine was killed by SIGKILL (") and error.endswith(" exit(s) in 900s); restarting"), error
-    wait_until(lambda: engines(stack)["tiny:1"]["state"] == "ready", START_S, "tiny:1 ready again", interval=1)
+    wait_until(lambda: engines(stack)[GOOD]["state"] == "ready", START_S, "tiny:1 ready again", interval=1)
     assert engine_pid(port) != before
-    r = httpx.post(f"{engines(stack)['tiny:1']['url']}/completions", timeout=60,
-                   json={"model": "tiny:1", "prompt": "hello", "max_tokens": 2})
+    r = httpx.post(f"{engines(stack)[GOOD]['url']}/completions", timeout=60,
+                   json={"model": GOOD, "prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
 
 
 def test_undeploy_stops_the_engine(stack):
-    port = int(engines(stack)["tiny:1"]["url"].rsplit(":", 1)[1].split("/")[0])
+    port = int(engines(stack)[GOOD]["url"].rsplit(":", 1)[1].split("/")[0])
     pid = engine_pid(port)
     group = os.getpgid(pid)
     stack.cli("endpoint", "remove", "--endpoint", "chat")
-    wait_until(lambda: "tiny:1" not in engines(stack), 60, "tiny:1 gone from /engines")
+    wait_until(lambda: GOOD not in engines(stack), 60, "tiny:1 gone from /engines")
     wait_until(lambda: not psutil.pid_exists(pid) and not port_open(port), 60, "the engine stopped")
     # its children (vLLM's engine core) end a moment after the server the port belonged to: the fresh-clone
     # run once found two of them still there at the instant the server was gone

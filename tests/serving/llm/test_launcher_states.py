@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from serving.llm.folder import archive_folder
 from serving.llm.launcher import Launcher
+from serving.llm.naming import engine_key
 from serving.settings import LLMSettings
 from tests.support.procs import wait_until
+
+
+KEY = engine_key("tiny", 1, {"dtype": "float32"})  # its engine: the version and its options
 
 
 def snapshot(artifact: str) -> dict:
@@ -29,7 +33,7 @@ def launcher(tmp_path, **settings) -> Launcher:
 def settle(l: Launcher) -> dict:
     def failed():
         l.tick()
-        engine = l.view()["engines"]["tiny:1"]
+        engine = l.view()["engines"][KEY]
         return engine if engine["state"] == "failed" else None
 
     return wait_until(failed, 20, "the engine failed")
@@ -41,8 +45,8 @@ def test_without_vllm_the_engine_is_failed_saying_how_to_get_it(tmp_path, monkey
     l.apply(snapshot("a" * 64))
     engine = settle(l)
     assert "no vLLM interpreter" in engine["error"] and "scripts/setup.sh" in engine["error"], engine
-    assert engine["served_model_name"] == "tiny:1" and engine["url"].startswith("http://127.0.0.1:")
-    assert l.readiness() == {"revision": 3, "failures": {"tiny:1": engine["error"]}}
+    assert engine["served_model_name"] == KEY and engine["url"].startswith("http://127.0.0.1:")
+    assert l.readiness() == {"revision": 3, "failures": {KEY: engine["error"]}}
     assert l.changes, "the control plane is told at once"
     l.apply({"revision": 4, "endpoints": {}})
     l.tick()

@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from serving.llm.naming import engine_key
 from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama
 from tests.serving.stack import make_stack
@@ -55,7 +56,7 @@ def free_port() -> int:
 class EngineMapProxy:
     """The launcher's /engines as the worker sees it, tiny:2's engine reached through here."""
 
-    def __init__(self, launcher: str, key: str = "tiny:2") -> None:
+    def __init__(self, launcher: str, key: str = engine_key("tiny", 2, {"max_model_len": 512})) -> None:
         self.launcher, self.key, self.port = launcher, key, free_port()
         self.delay_s = 0.0
         self.hold = threading.Event()
@@ -152,7 +153,7 @@ def llm(tmp_path_factory):
             "--aux-config", "max_model_len=512")
         cli(stack, "model", "add", "--endpoint", "chat", "--model", "tiny:2", "--shadow", "100%")
         entry = wait_until(lambda: httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json()["engines"]
-                           .get("tiny:1"), 30, "tiny:1 in the launcher's map")
+                           .get(engine_key("tiny", 1, {"max_model_len": 512})), 30, "tiny:1 in the launcher's map")
         cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "same", "--model", "tiny:1",
             "--aux-config", f"url={entry['url']}", f"served_model_name={entry['served_model_name']}",
             "max_model_len=512")

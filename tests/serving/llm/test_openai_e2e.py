@@ -25,6 +25,7 @@ import httpx
 import psutil
 import pytest
 
+from serving.llm.naming import engine_key
 from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama, greedy_reference
 from tests.serving.stack import Stack, make_stack
@@ -37,6 +38,7 @@ START_S = 420.0  # an engine starts in about 45 s alone; other suites share the 
 FILES = Path(__file__).parent / "clearml_vllm"
 MAX_BODY = 32_768
 CONTEXT = 2048
+CHAT_ENGINE = engine_key("test vllm", 1, {"max_model_len": CONTEXT})  # endpoint chat's: version and options
 SYSTEMS = [{"role": "system", "content": "an old system prompt"}, {"role": "system", "content": "be brief"}]
 
 
@@ -87,14 +89,14 @@ def llm(tmp_path_factory):
         # the embedded engine: the launcher runs vLLM for the version; --wait returns once the worker answers
         cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "chat", "--name", "test vllm:1",
             "--aux-config", f"max_model_len={CONTEXT}", "--wait", "--wait-timeout", str(START_S), timeout=START_S + 60)
-        engine = Engine(stack, "test vllm:1")
+        engine = Engine(stack, CHAT_ENGINE)
         # ClearML's three commands as typed, with that engine as an external one (--aux-config url=...): the
         # canary's two versions share one engine start. Its command names examples/vllm/preprocess.py
         # relative to where it is typed.
         work = root / "work"
         (work / "examples" / "vllm").mkdir(parents=True)
         shutil.copy(FILES / "preprocess.py", work / "examples" / "vllm" / "preprocess.py")
-        external = ("--aux-config", f"url={engine.url}/v1", "served_model_name=test vllm:1")
+        external = ("--aux-config", f"url={engine.url}/v1", f"served_model_name={CHAT_ENGINE}")
         cli(stack, "model", "add", "--engine", "vllm", "--endpoint", "test_vllm", "--preprocess",
             "examples/vllm/preprocess.py", "--name", "test vllm", "--project", "serving examples", *external, cwd=work)
         cli(stack, "model", "auto-update", "--engine", "vllm", "--endpoint", "test_vllm", "--preprocess",
@@ -316,7 +318,7 @@ def test_one_statistics_event_a_request_with_usage_and_custom_values(llm, tmp_pa
     folder.write_bytes(b"".join(archive_folder(llm["model"]).chunks()))
     spec = {"name": "llm", "engine": "vllm", "metrics": [], "log_freq": 1.0,
             "preprocess": {"kind": "user", "artifact": store.put_file(FILES / "preprocess.py")[0], "options": {}},
-            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": "test vllm:1"},
+            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": CHAT_ENGINE},
             "targets": [{"model": "tiny", "version": 3, "weight": 100.0, "role": "stable", "triton_name": "tiny_v3",
                          "artifact": store.put_file(folder)[0], "framework": "hf-causal-lm",
                          "signature": {"llm": {"max_model_len": CONTEXT}}}]}
@@ -378,7 +380,7 @@ def test_tokens_per_minute_refuse_the_request_after_the_one_that_spent_them(llm,
     folder = tmp_path / "llm.tar"
     folder.write_bytes(b"".join(archive_folder(llm["model"]).chunks()))
     spec = {"name": "llm", "engine": "vllm", "metrics": [], "log_freq": 1.0,
-            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": "test vllm:1"},
+            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": CHAT_ENGINE},
             "targets": [{"model": "tiny", "version": 1, "weight": 100.0, "role": "stable", "triton_name": "tiny_v1",
                          "artifact": store.put_file(folder)[0], "framework": "hf-causal-lm",
                          "signature": {"llm": {"max_model_len": CONTEXT}}}]}

@@ -25,7 +25,7 @@ from serving.settings import ControlPlaneSettings
 from serving.triton.model_formats import detect
 from serving.triton.repository import MARKER, validate_config_pbtxt
 from tests.serving.triton.triton_models import (
-    openvino_files, run_model_py, savedmodel_dir, shout_folder, tensorrt_plan, torchscript_file,
+    openvino_files, run_model_py, savedmodel_dir, shout_alone, shout_folder, tensorrt_plan, torchscript_file,
 )
 from tests.support.auth import headers, token
 from tests.support.servers import serve_in_thread
@@ -217,7 +217,7 @@ def upload(c: TestClient, name: str, content: bytes, framework: str):
 
 def test_embedded_or_external_decides_what_engine_triton_takes(api, tmp_path):
     plan = tensorrt_plan(tmp_path / "model.plan").read_bytes()
-    model_py = (shout_folder(tmp_path / "r") / "1" / "model.py").read_bytes()
+    model_py = shout_alone(tmp_path / "r", auto_complete=True).read_bytes()  # alone: it declares its tensors
     embedded, full = api(False), api(True)
     for c in (embedded, full):
         assert upload(c, "trt", plan, "tensorrt").status_code == 201

@@ -208,7 +208,7 @@ def test_model_py_gives_string_tensors_to_onnxruntime_as_text(tmp_path):
 
 
 def test_model_py_answers_a_string_that_is_not_utf8_as_the_input_s_fault(tmp_path):
-    """Triton's INVALID_ARG, which the worker answers 400 (engines/triton.py classify); the rest of
+    """Triton's INVALID_ARG, which the worker answers 400 (engines/triton_channels.py classify); the rest of
     the batch is answered."""
     from tests.serving.worker.grpc_worker import tensor_model
 

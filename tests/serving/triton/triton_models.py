@@ -69,6 +69,35 @@ def shout_folder(root: Path, suffix: str = "", version: str = "1") -> Path:
     return folder
 
 
+AUTO_COMPLETE = '''
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        inputs = [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [-1]}]
+        outputs = [{"name": "UPPER", "data_type": "TYPE_STRING", "dims": [-1]},
+                   {"name": "LENGTH", "data_type": "TYPE_INT32", "dims": [-1]}]
+        for tensor in inputs:
+            auto_complete_model_config.add_input(tensor)
+        for tensor in outputs:
+            auto_complete_model_config.add_output(tensor)
+        auto_complete_model_config.set_max_batch_size(0)
+        return auto_complete_model_config
+
+'''
+
+
+def shout_alone(root: Path, auto_complete: bool) -> Path:
+    """``root/1/model.py`` alone, no config.pbtxt: its suffix defaults to none, and with ``auto_complete`` it
+    declares its tensors as Triton's auto_complete_config does."""
+    model_py = root / "1" / "model.py"
+    model_py.parent.mkdir(parents=True, exist_ok=True)
+    source = SHOUT_PY.replace('self.suffix = config["parameters"]["suffix"]["string_value"]',
+                              'self.suffix = config.get("parameters", {}).get("suffix", {}).get("string_value", "")')
+    if auto_complete:
+        source = source.replace("    def initialize(self, args):", AUTO_COMPLETE + "    def initialize(self, args):")
+    model_py.write_text(source)
+    return model_py
+
+
 class _FakeBackendUtils(types.ModuleType):
     """Triton's ``triton_python_backend_utils`` exists only inside its stub process: the few calls
     model.py makes, so the test can run model.py itself, outside Triton."""

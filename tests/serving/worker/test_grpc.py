@@ -159,7 +159,7 @@ def expect(call, code: str, *words: str) -> InferenceServerException:
 
 def test_not_found_and_invalid_argument_name_what_is_wrong(client, tiny_model):
     good = tensor_inputs(grpcclient, tensor_feeds())
-    expect(lambda: client.infer("nope", good), "NOT_FOUND", "unknown endpoint 'nope'", "tensors")
+    expect(lambda: client.infer("nope", good), "NOT_FOUND", "Request for unknown model: 'nope' is not found", "tensors")
     expect(lambda: client.infer("tensors", good, model_version="9"), "NOT_FOUND", "version 9")
     expect(lambda: client.get_model_metadata("nope"), "NOT_FOUND", "'nope'")
     expect(lambda: client.is_model_ready("tensors", "4"), "NOT_FOUND", "version 4")

@@ -2,7 +2,8 @@
 ``serving worker`` process: Triton's statistics extension read back equal to the requests sent,
 gzip/deflate request bodies (binary and JSON tensors) answered as the plain request is, text sent
 over v2 to a tokenizer endpoint answered as ``/serve`` and as onnxruntime on the tokenizer's output,
-and unknown routes and methods answered in the platform's error body.
+unknown routes and methods answered in the platform's error body, and an unknown model refused in
+Triton's words (its example clients check them).
 
 Two worker processes: requests land on either, and the statistics are the worker's, every process's
 counters summed (serving/worker/stats_exchange.py).
@@ -27,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from registry.artifacts import ArtifactStore
 from registry.signature import onnx_signature
-from tests.serving.worker.grpc_worker import run_worker
+from tests.serving.worker.grpc_worker import run_worker, tensor_inputs
 from tests.serving.worker.support import endpoint_spec, snapshot
 from tests.serving.worker.test_serve_rest import direct
 from tests.serving.worker.test_v2 import tokens
@@ -159,9 +160,9 @@ def test_statistics_read_back_equal_to_the_requests_sent(worker, http, grpc, tin
     every = {(s["name"], s["version"]) for s in http.get_inference_statistics()["model_stats"]}
     assert every == {("clf", "1"), ("counted", "1"), ("counted", "2")}
     assert "statistics" in http.get_server_metadata()["extensions"]
-    with pytest.raises(InferenceServerException, match="unknown endpoint 'nope'"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         http.get_inference_statistics("nope")
-    with pytest.raises(InferenceServerException, match="unknown endpoint 'nope'"):
+    with pytest.raises(InferenceServerException, match="Request for unknown model: 'nope' is not found"):
         grpc.get_inference_statistics("nope")
     with pytest.raises(InferenceServerException, match="does not serve version 3"):
         grpc.get_inference_statistics("counted", "3")
@@ -241,6 +242,31 @@ def test_text_over_v2_equals_serve_and_onnxruntime(worker, http, grpc, tiny_mode
 
 
 # --- the platform's error body on routes and methods ---------------------------------------------
+
+def test_an_unknown_model_is_refused_in_tritons_words_then_ours(worker, http, grpc, tiny_model):
+    """Triton's example clients (simple_http_infer_client.py and its aio twin) check that the error for an
+    unknown model starts with ``Request for unknown model``; the endpoints we serve follow. /serve keeps the
+    platform's own wording."""
+    want = "Request for unknown model: 'wrong_model_name' is not found (endpoints: clf, counted)"
+    feeds = tensor_inputs(httpclient, {k: v[:1] for k, v in tokens(tiny_model, TEXTS).items()})
+    calls = {"http infer": lambda: http.infer("wrong_model_name", feeds),
+             "http metadata": lambda: http.get_model_metadata("wrong_model_name"),
+             "grpc infer": lambda: grpc.infer("wrong_model_name", tensor_inputs(grpcclient, {
+                 k: v[:1] for k, v in tokens(tiny_model, TEXTS).items()})),
+             "grpc metadata": lambda: grpc.get_model_metadata("wrong_model_name")}
+    for name, call in calls.items():
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert info.value.message().startswith(want), (name, info.value.message())
+    assert http.is_model_ready("wrong_model_name") is False
+    r = httpx.get(f"{worker.url}/v2/models/wrong_model_name/ready")
+    assert r.status_code == 404 and r.json() == {"error": want}
+    r = httpx.post(f"{worker.url}/v2/models/wrong_model_name/infer",
+                   json={"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "data": [1]}]})
+    assert r.status_code == 404 and r.json() == {"error": want}
+    r = httpx.post(f"{worker.url}/serve/wrong_model_name", json={"text": "x"})
+    assert r.status_code == 404 and r.json()["error"].startswith("unknown endpoint 'wrong_model_name'")
+
 
 def test_unknown_routes_and_methods_answer_the_platform_error_body(worker):
     cases = [("GET", "/v2/nothing/here", 404, None), ("PUT", "/v2/models/clf/infer", 405, "POST"),
