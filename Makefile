@@ -1,5 +1,5 @@
 # The two commands the README opens with. Both run the set-up first (idempotent).
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench kube
 
 setup:
 	@bash scripts/setup.sh
@@ -7,7 +7,13 @@ setup:
 demo: setup
 	.venv/bin/serving demo
 
-test: setup
+# The tests install the Helm chart on a real Kubernetes (tests/deploy/kube): built once per machine into
+# ~/.cache/serving-kube (SERVING_KUBE_CACHE) by scripts/kube-build.sh, about 6-8 minutes the first time,
+# instant afterwards. `demo` never needs it.
+kube:
+	@bash scripts/kube-build.sh
+
+test: setup kube
 	.venv/bin/python -m pytest -q --durations=25
 
 bench: setup

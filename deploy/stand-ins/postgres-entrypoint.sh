@@ -5,9 +5,13 @@
 set -euo pipefail
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}" "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}"
 BIN=/usr/lib/postgresql/15/bin
-as_pg() { setpriv --reuid=postgres --regid=postgres --init-groups "$@"; }
+# Started as root (compose), it drops to postgres itself; started as postgres (uid 70, as the chart
+# runs the postgres image in Kubernetes), the data volume is already its own through fsGroup.
+AS_PG=()
+[ "$(id -u)" != 0 ] || AS_PG=(setpriv --reuid=postgres --regid=postgres --init-groups)
+as_pg() { "${AS_PG[@]}" "$@"; }
 mkdir -p "$PGDATA" /run/postgresql
-chown -R postgres:postgres "$PGDATA" /run/postgresql
+[ "$(id -u)" != 0 ] || chown -R postgres:postgres "$PGDATA" /run/postgresql
 chmod 700 "$PGDATA"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
   pwfile=$(mktemp); printf '%s\n' "$POSTGRES_PASSWORD" >"$pwfile"; chown postgres "$pwfile"
@@ -22,5 +26,5 @@ if [ ! -s "$PGDATA/PG_VERSION" ]; then
   fi
   as_pg "$BIN/pg_ctl" -D "$PGDATA" -m fast -w stop >/dev/null
 fi
-exec setpriv --reuid=postgres --regid=postgres --init-groups "$BIN/postgres" -D "$PGDATA" \
+exec "${AS_PG[@]}" "$BIN/postgres" -D "$PGDATA" \
   -c listen_addresses='*' -c unix_socket_directories=/run/postgresql "$@"

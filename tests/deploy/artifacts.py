@@ -25,7 +25,7 @@ VALUES_FILES = {
     "llm": CHART / "ci" / "llm-values.yaml",
 }
 RELEASE, NAMESPACE = "demo", "ml"
-KUBE_VERSION = "1.30.0"  # the oldest Kubernetes we validate against (chart kubeVersion: >=1.25)
+KUBE_VERSION = "1.30.0"  # the oldest schemas validated offline (1.20 is installed for real: tests/deploy/kube)
 
 
 # --- what the code reads --------------------------------------------------------------

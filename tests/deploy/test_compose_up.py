@@ -39,16 +39,17 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.deploy import platform_images
 from tests.deploy.artifacts import DEPLOY, REPO
 from tests.deploy.compose_env import read_env_file
 from tests.deploy.engine import Engine, must_run, why_not
+from tests.deploy.platform_images import image_names
+from tests.deploy.reference import TEXT, encode, reference_logits
 from tests.support.procs import free_port
 
 FILES = ["docker-compose.yml", "docker-compose.stand-ins.yml"]
 HEALTHY_SERVICES = {"postgres", "kafka", "control-plane", "triton", "statistics", "worker"}
 RUNNING_SERVICES = HEALTHY_SERVICES | {"gateway", "prometheus"}
-STANDIN_TARGETS = ("postgres", "kafka", "prometheus", "gateway")  # deploy/stand-ins/Dockerfile
-TEXT = "the service was quick and the staff were friendly"
 
 pytestmark = pytest.mark.timeout(2400)  # the first test builds the images: 5-25 min here
 
@@ -156,24 +157,6 @@ class ComposeStack:
         return body["data"]["result"]
 
 
-def encode(bundle, texts: list[str]) -> dict[str, np.ndarray]:
-    """The model's inputs for ``texts``, from the endpoint's tokenizer."""
-    import onnxruntime as ort
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(bundle.tokenizer_dir))
-    enc = tok(texts, truncation=True, max_length=128, padding=True, return_tensors="np")
-    names = [i.name for i in ort.InferenceSession(str(bundle.onnx_path)).get_inputs()]
-    return {name: enc[name].astype(np.int64) for name in names}
-
-
-def reference_logits(bundle, texts: list[str]) -> np.ndarray:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(bundle.onnx_path), providers=["CPUExecutionProvider"])
-    return sess.run(["logits"], encode(bundle, texts))[0]
-
-
 @pytest.fixture(scope="module")
 def engine():
     eng = Engine.start()
@@ -181,14 +164,6 @@ def engine():
         yield eng
     finally:
         eng.close()
-
-
-def image_names(tag: str) -> dict[str, str]:
-    """The compose settings naming the images scripts/images.sh builds, under ``tag``."""
-    names = {"SERVING_IMAGE": f"localhost/serving:{tag}", "SERVING_TRITON_IMAGE": f"localhost/serving-triton:{tag}"}
-    for target in STANDIN_TARGETS:
-        names[f"SERVING_STANDIN_{target.upper()}_IMAGE"] = f"localhost/serving-standin-{target}:{tag}"
-    return names
 
 
 @pytest.fixture(scope="module")
@@ -202,21 +177,10 @@ def images(engine):
         yield image_names("latest"), 0.0
         return
     tag = f"test-{uuid.uuid4().hex[:8]}"
-    names = image_names(tag)
-    env = {**engine.env, "SERVING_IMAGE": names["SERVING_IMAGE"], "SERVING_TRITON_IMAGE": names["SERVING_TRITON_IMAGE"],
-           "SERVING_STANDIN_TAG": tag}
-    start = time.monotonic()
     try:
-        out = subprocess.run(["bash", str(REPO / "scripts" / "images.sh")], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=2100)
-        assert out.returncode == 0, f"scripts/images.sh failed:\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-        yield names, time.monotonic() - start
+        yield platform_images.build(tag, engine.env)
     finally:
-        for name in names.values():
-            try:
-                engine.client.images.remove(name, noprune=True)  # the tag; the layers stay cached
-            except Exception:  # never built (the build failed), or in use by a leftover container
-                pass
+        platform_images.untag(image_names(tag), engine.env)
 
 
 @pytest.fixture(scope="module")

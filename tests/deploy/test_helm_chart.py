@@ -112,6 +112,57 @@ def test_autoscaling_values_add_an_hpa_for_the_workers_only():
         "CPU utilization needs a CPU request"
 
 
+def helm_template(kube_version: str, *args: str) -> list[dict]:
+    """`helm template --kube-version` with the real helm binary (scripts/kube-build.sh caches it): the
+    library renderer above has no Kubernetes version to set, and the API versions the chart picks
+    depend on it."""
+    import subprocess
+
+    from tests.support.ci import cannot_run
+    from tests.support.kube import tools
+
+    helm = tools.BIN / "helm"
+    if not helm.exists():
+        cannot_run(f"no helm binary at {helm}: run scripts/kube-build.sh (`make test` runs it)")
+    out = subprocess.run([str(helm), "template", "demo", str(CHART), "-n", "ml", "--kube-version", kube_version,
+                          *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize(("kube_version", "hpa", "pdb"), [
+    ("1.20.2", "autoscaling/v2beta2", "policy/v1beta1"),  # installed for real: tests/deploy/kube
+    ("1.22.0", "autoscaling/v2beta2", "policy/v1"),
+    (KUBE_VERSION, "autoscaling/v2", "policy/v1"),
+])
+def test_the_autoscaler_and_disruption_budget_api_versions_follow_the_cluster(kube_version, hpa, pdb):
+    docs = helm_template(kube_version, "-f", str(VALUES_FILES["autoscaling"]))
+    assert [d["apiVersion"] for d in find(docs, "HorizontalPodAutoscaler")] == [hpa]
+    assert [d["apiVersion"] for d in find(docs, "PodDisruptionBudget")] == [pdb]
+    # the same objects whatever the version (their contents differ only by the tokens generated per render)
+    names = lambda ds: sorted((d["kind"], d["metadata"]["name"]) for d in ds)  # noqa: E731
+    assert names(docs) == names(helm_template(KUBE_VERSION, "-f", str(VALUES_FILES["autoscaling"])))
+
+
+def test_the_chart_refuses_a_kubernetes_older_than_1_20():
+    import subprocess
+
+    from tests.support.kube import tools
+
+    helm_template("1.20.0")  # the oldest accepted (cannot_run without the helm binary)
+    out = subprocess.run([str(tools.BIN / "helm"), "template", "demo", str(CHART), "--kube-version", "1.19.9"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "kubeVersion" in out.stderr, out.stderr
+
+
+def test_helm_test_pod_calls_the_workers_service():
+    (pod,) = [d for d in find(manifests("default"), "Pod")]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "http://demo-serving-worker:9090" in script and "/v2/health/ready" in script
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
 def test_external_database_values_drop_the_in_chart_postgresql_and_kafka():
     default, external = manifests("default"), manifests("external-db")
     assert {d["metadata"]["name"] for d in find(default, "StatefulSet")} == {"demo-serving-postgresql",

@@ -117,3 +117,24 @@ securityContext:
       name: {{ include "serving.tokensSecret" $root }}
       key: {{ index . 2 }}
 {{- end }}
+
+{{/* API versions that moved after Kubernetes 1.20 (the oldest the chart installs on, tests/deploy/kube):
+     HorizontalPodAutoscaler autoscaling/v2 (1.23+, else v2beta2, same fields including behavior) and
+     PodDisruptionBudget policy/v1 (1.21+, else v1beta1). On a cluster, APIVersions comes from its
+     discovery; `helm template` without one knows every version of Helm's own client, so the Kubernetes
+     version (--kube-version) decides there too. */}}
+{{- define "serving.hpaApiVersion" -}}
+{{- if and (.Capabilities.APIVersions.Has "autoscaling/v2") (semverCompare ">=1.23.0-0" .Capabilities.KubeVersion.Version) -}}
+autoscaling/v2
+{{- else -}}
+autoscaling/v2beta2
+{{- end -}}
+{{- end }}
+
+{{- define "serving.pdbApiVersion" -}}
+{{- if and (.Capabilities.APIVersions.Has "policy/v1") (semverCompare ">=1.21.0-0" .Capabilities.KubeVersion.Version) -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
+{{- end }}
