@@ -52,7 +52,8 @@ def free_port() -> int:
 
 
 def stack_env(home: Path) -> dict[str, str]:
-    ports = {name: free_port() for name in ("cp", "worker", "worker_grpc", "http", "grpc", "metrics", "stats")}
+    ports = {name: free_port() for name in ("cp", "worker", "worker_grpc", "http", "grpc", "metrics", "stats",
+                                            "loader", "llm")}
     # tokens: the demo's control plane creates them under its home, where its CLI calls find
     # them; a token or `serving login` of the user's own platform must not be sent to it
     inherited = {k: v for k, v in os.environ.items() if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN",
@@ -66,6 +67,9 @@ def stack_env(home: Path) -> dict[str, str]:
         "SERVING_TRITON_METRICS_PORT": str(ports["metrics"]),
         "SERVING_TRITON_GRPC_URL": f"127.0.0.1:{ports['grpc']}",
         "SERVING_STATISTICS_PORT": str(ports["stats"]),
+        # every port `serving up` opens: a launcher on its default port beside another stack exits, and the
+        # supervisor then stops the whole stack
+        "SERVING_TRITON_LOADER_PORT": str(ports["loader"]), "SERVING_LLM_LAUNCHER_PORT": str(ports["llm"]),
     }
 
 

@@ -142,6 +142,25 @@ def test_the_gateway_serves_https_only_and_plain_http_only_when_asked():
     assert compose_env()["WORKER_GATEWAY_HTTP_PORT"].startswith("127.0.0.1:")
 
 
+def test_the_gateway_serves_the_console_from_the_control_plane_unbuffered():
+    """/console (pages, static files, server-sent events) through the HTTPS gateway to the control plane,
+    with no buffering (live updates and the playground's chat stream); not on the plain-HTTP gateway."""
+    services = compose()["services"]
+    conf = nginx_conf(services["gateway"])
+    https = conf.split("server {")[1]  # the 9090 server
+    location = re.search(r"location /console \{(.*?)\n\}", https, re.S)
+    assert location, "no location /console in the HTTPS server"
+    body = location.group(1)
+    cp_port = service_env(services["control-plane"])["SERVING_CONTROL_PLANE_PORT"]
+    assert f"set $control_plane control-plane:{cp_port};" in body and "proxy_pass http://$control_plane;" in body
+    for line in ("proxy_buffering off;", "proxy_http_version 1.1;", 'proxy_set_header Connection "";',
+                 "proxy_set_header X-Forwarded-Proto $scheme;"):
+        assert line in body, line
+    assert int(re.search(r"proxy_read_timeout (\d+)s;", body).group(1)) > 15  # the events' keepalive period
+    assert "resolver 127.0.0.11" in https.split("location")[0]  # control-plane re-resolved, as workers
+    assert "/console" not in nginx_conf(services["gateway-http"])  # tokens never over plain HTTP
+
+
 def test_state_lives_on_named_volumes():
     doc = compose()
     declared = set(doc["volumes"])

@@ -17,7 +17,8 @@ Where a container engine can run (podman here; Docker works the same way, see te
    control plane, a client key for its endpoint is created with `serving key create`, and the
    model is called over HTTPS through the gateway and the composed workers with that key
    (401 without it; the answer compared with onnxruntime run here on the same input); the
-   requests are counted in the composed Prometheus (PromQL over its HTTP API).
+   requests are counted in the composed Prometheus (PromQL over its HTTP API). The web console
+   answers at /console through the same gateway, in Chromium (tests/deploy/console_check.py).
 5. ``compose down`` and ``up`` again on the same volumes: the registry and endpoints are still
    there and the model answers again. Containers, volumes and networks are removed at the end.
 
@@ -25,6 +26,7 @@ Skipped, with the reason, where no engine can run containers (tests/deploy/engin
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -42,9 +44,11 @@ import pytest
 from tests.deploy import platform_images
 from tests.deploy.artifacts import DEPLOY, REPO
 from tests.deploy.compose_env import read_env_file
+from tests.deploy.console_check import check_console
 from tests.deploy.engine import Engine, must_run, why_not
 from tests.deploy.platform_images import image_names
 from tests.deploy.reference import TEXT, encode, reference_logits
+from tests.support.browser import spki_hash
 from tests.support.procs import free_port
 
 FILES = ["docker-compose.yml", "docker-compose.stand-ins.yml"]
@@ -264,6 +268,31 @@ def test_a_model_deployed_with_the_cli_answers_over_https_with_a_client_key(stac
     with stack.gateway(with_key=False) as client:
         wrong = client.post("/serve/clf", json={"text": TEXT}, headers={"Authorization": "Bearer sk_" + "0" * 64})
     assert wrong.status_code == 401, wrong.text
+
+
+def test_the_console_through_the_gateway_over_https(stack):
+    """/console through the gateway (nginx -> the composed control plane) in Chromium trusting the stack's
+    own certificate and nothing else: sign-in, the endpoint, the playground's answer through the composed
+    workers with the key, a CLI change on the open page by its event stream (tests/deploy/console_check.py);
+    the session cookie is Secure behind HTTPS."""
+    if not stack.client_key:
+        pytest.fail("needs the model deployed by the previous test", pytrace=False)
+    listed = json.loads(stack.cli("endpoint", "list", "--json").stdout)
+    versions = {t["version"] for ep in listed if ep["name"] == "clf" for t in ep["targets"]}
+
+    def direct(version: str, text: str) -> dict:
+        with stack.gateway() as client:
+            r = client.post(f"/serve/clf/{version}", json={"text": text})
+        assert r.status_code == 200 and r.headers["X-Model-Version"] == version, r.text
+        return r.json()
+
+    cookie = check_console(
+        f"https://127.0.0.1:{stack.ports['WORKER_GATEWAY_PORT']}/console", stack.settings["SERVING_ADMIN_TOKEN"],
+        "clf", versions, stack.client_key, direct,
+        change=lambda: stack.cli("metrics", "add", "--endpoint", "clf", "--log-freq", "1"),
+        shows="PUT /endpoints/{name}/log-freq",
+        trust_spki=(spki_hash((stack.ca.parent / "server.crt").read_bytes()),))
+    assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict", cookie
 
 
 def test_the_model_answers_over_grpc_with_tls_through_the_gateway(stack, tiny_model):

@@ -9,7 +9,8 @@ import pytest
 from tests.deploy.artifacts import REPO, rendered_files
 
 DOCS = ["docs/deploy-compose.md", "docs/deploy-helm.md", "docs/llm-engine.md", "docs/llm-statistics.md",
-        "docs/llm-rollouts.md"]
+        "docs/llm-rollouts.md", "docs/llm-routing.md", "docs/llm-lora.md",
+        "docs/embeddings.md"]
 
 
 def command_lines(text: str) -> list[str]:

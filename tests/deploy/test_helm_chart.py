@@ -99,6 +99,21 @@ def test_llm_values_run_vllms_image_on_a_gpu_as_an_external_engine():
     assert check_options({"url": f"http://demo-serving-llm:{port}/v1", "served_model_name": "my-llm"})
 
 
+def test_llm_replicas_are_each_reachable_through_a_headless_service():
+    """llm.replicas pods, and a headless Service (one DNS address per ready pod) that the workers resolve
+    and route over (serving/worker/llm/external.py): the url the manifest's comment tells endpoints to name."""
+    docs = manifests("llm")
+    (deployment,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == "demo-serving-llm"]
+    assert deployment["spec"]["replicas"] == 2
+    (pods,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == "demo-serving-llm-pods"]
+    assert pods["spec"]["clusterIP"] == "None"
+    assert pods["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert pods["metadata"]["labels"]["app.kubernetes.io/component"] == "llm-pods"
+    assert pods["spec"]["ports"][0]["port"] == 8000
+    text = rendered_files("llm")["serving/templates/llm.yaml"]
+    assert "url=http://demo-serving-llm-pods:8000/v1 served_model_name=my-llm" in text
+
+
 def test_autoscaling_values_add_an_hpa_for_the_workers_only():
     assert not find(manifests("default"), "HorizontalPodAutoscaler")
     docs = manifests("autoscaling")
@@ -199,6 +214,7 @@ def test_serving_pods_run_as_non_root_with_a_read_only_root():
 def test_notes_tell_the_user_how_to_reach_the_control_plane():
     notes = rendered_files("default")["serving/templates/NOTES.txt"]
     assert "port-forward svc/demo-serving-control-plane 8080:8080" in notes
+    assert "http://127.0.0.1:8080/console" in notes and "get secret demo-serving-tokens" in notes
     assert "serving model upload" in notes and "/serve/sentiment" in notes
 
 
@@ -216,7 +232,7 @@ def test_prometheus_rule_and_dashboards_are_the_shipped_files():
     assert {k: json.loads(v) for k, v in dashboards["data"].items()} == shipped
 
 
-@pytest.mark.parametrize("bad", [{"worker": {"replicas": 3}}, {"kafka": {"enabled": "yes"}},
+@pytest.mark.parametrize("bad", [{"worker": {"replicaCount": 3}}, {"kafka": {"enabled": "yes"}},
                                  {"triton": {"gpu": {"count": 0}}}, {"postgresql": {"auth": {"pasword": "x"}}}])
 def test_values_schema_rejects_misspelt_or_mistyped_values(bad):
     import helm_python as helm
@@ -247,13 +263,18 @@ def test_the_ingress_terminates_tls_with_the_named_secret_in_front_of_the_worker
     assert ingress["metadata"]["annotations"] == {"cert-manager.io/cluster-issuer": "letsencrypt"}
     (rule,) = ingress["spec"]["rules"]
     assert rule["host"] == "models.example.com"
-    (path,) = rule["http"]["paths"]
-    (service,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == path["backend"]["service"]["name"]]
-    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
-    assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
-    assert path["path"] == "/" and path["pathType"] == "Prefix"
+    routed = {}  # path -> the component of the Service it goes to
+    for path in rule["http"]["paths"]:
+        (service,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == path["backend"]["service"]["name"]]
+        assert path["backend"]["service"]["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+        assert path["pathType"] == "Prefix"
+        routed[path["path"]] = service["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert routed == {"/": "worker", "/console": "control-plane"}  # the console, not the rest of the API
     notes = next(v for k, v in rendered_files("default", yaml.safe_dump(INGRESS_TLS)).items() if k.endswith("NOTES.txt"))
-    assert "https://models.example.com/serve/sentiment" in notes
+    assert "https://models.example.com/serve/sentiment" in notes and "https://models.example.com/console" in notes
+    without = manifests("default", yaml.safe_dump({"ingress": {**INGRESS_TLS["ingress"], "console": False}}))
+    (ingress,) = find(without, "Ingress")
+    assert [p["path"] for p in ingress["spec"]["rules"][0]["http"]["paths"]] == ["/"]
 
 
 def test_an_ingress_without_tls_is_refused_unless_plain_http_is_asked_for():

@@ -58,6 +58,9 @@ def test_compose_addresses_point_at_the_right_services_and_ports():
     assert f"{stats['SERVING_STATISTICS_PORT']}" == services["statistics"]["ports"][0].rsplit(":", 1)[1]
     assert worker["SERVING_WORKER_PORT"] in services["worker"]["expose"]
     assert host_port(cp["SERVING_DATABASE_URL"]) == ("postgres", 5432)
+    # the web console's figures (and rollout gates) from the statistics service, its playground to the workers
+    assert host_port(cp["SERVING_STATISTICS_URL"]) == ("statistics", int(stats["SERVING_STATISTICS_PORT"]))
+    assert host_port(cp["SERVING_CONSOLE_DATA_PLANE_URL"]) == ("worker", int(worker["SERVING_WORKER_PORT"]))
 
     kafka = services["kafka"]["environment"]
     assert f"PLAINTEXT://{worker['SERVING_KAFKA_BOOTSTRAP_SERVERS']}" in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
@@ -125,6 +128,11 @@ def test_chart_ports_and_addresses_agree_with_the_settings(kind):
         host, port = host_port(env[name]["SERVING_CONTROL_PLANE_URL"])
         assert component(services[host]) == "control-plane"
         assert port in {p["port"] for p in services[host]["spec"]["ports"]}
+    # the web console's figures (and rollout gates) from the statistics Service, its playground to the workers'
+    for setting, target in (("SERVING_STATISTICS_URL", "statistics"), ("SERVING_CONSOLE_DATA_PLANE_URL", "worker")):
+        host, port = host_port(env["control-plane"][setting])
+        assert component(services[host]) == target, setting
+        assert port in {p["port"] for p in services[host]["spec"]["ports"]}, setting
 
     (triton,) = [d for d in find(docs, "Deployment") if component(d) == "triton"]
     args = triton["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.deploy.kube.helm_release import images_in_node
 from tests.support.ci import cannot_run
 from tests.support.kube import tools
 from tests.support.kube.cluster import Cluster, new_cluster
@@ -33,11 +34,19 @@ def stop_cluster(cluster: Cluster) -> None:
         pytest.fail("the test cluster left these behind:\n" + "\n".join(left), pytrace=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def kube_cluster():
-    """A cluster for the module: started on first use, stopped (and checked to leave nothing) at its end."""
+    """One cluster for the install and the operations tests (each installs and removes its own release, and
+    deletes its namespace): started on first use, stopped (and checked to leave nothing) after the last."""
     cluster = start_cluster()
     try:
         yield cluster
     finally:
         stop_cluster(cluster)
+
+
+@pytest.fixture(scope="package")
+def platform_images_in_node(kube_cluster):
+    """The platform's images, built once for the cluster and imported into its node."""
+    with images_in_node(kube_cluster) as names:
+        yield names

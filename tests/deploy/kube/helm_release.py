@@ -134,6 +134,9 @@ class Release:
 
 @contextlib.contextmanager
 def installed(kube_cluster, names: dict[str, str], tmp_dir: Path, extra: dict | None = None) -> Iterator[Release]:
+    # an earlier module's release on the same cluster: its namespace may still be terminating (slow under load)
+    wait_until(lambda: kube_cluster.kubectl("get", "namespace", NS, check=False).returncode != 0, 600,
+               f"namespace {NS} of an earlier release to be gone", interval=2)
     storage.provide(kube_cluster, count=8)
     values_file = tmp_dir / "values.yaml"
     values_file.write_text(yaml.safe_dump(merged(chart_values(names), extra or {})))

@@ -10,7 +10,8 @@
 3. The user flow through the cluster's Services, reached from the host through the CNI bridge:
    `serving --control-plane http://<ClusterIP>:8080 model upload / model add / key create`, answers
    over HTTP and gRPC equal to onnxruntime's on the same input, a 10% canary whose share stays
-   within a binomial bound, and the requests counted on the statistics Service's /metrics.
+   within a binomial bound, and the requests counted on the statistics Service's /metrics; the web
+   console at the control plane's Service, in Chromium (tests/deploy/console_check.py).
 4. The API server accepts the chart's HorizontalPodAutoscaler and PodDisruptionBudget as rendered for
    1.20 (autoscaling/v2beta2, policy/v1beta1), server-side dry run.
 5. `helm uninstall` leaves only what docs/deploy-helm.md says it leaves.
@@ -27,7 +28,8 @@ import pytest
 import yaml
 
 from tests.deploy.artifacts import CHART
-from tests.deploy.kube.helm_release import NS, RELEASE, deploy_clf, images_in_node, installed
+from tests.deploy.console_check import check_console
+from tests.deploy.kube.helm_release import NS, RELEASE, deploy_clf, installed
 from tests.deploy.reference import TEXT, encode, reference_logits
 from tests.support.kube import tools
 from tests.support.procs import wait_until
@@ -36,12 +38,6 @@ pytestmark = pytest.mark.timeout(2400)  # the first build of the images: 5-25 mi
 
 COMPONENTS = {"control-plane", "worker", "statistics", "triton", "postgresql", "kafka"}
 CANARY_REQUESTS = 300
-
-
-@pytest.fixture(scope="module")
-def platform_images_in_node(kube_cluster):
-    with images_in_node(kube_cluster) as names:
-        yield names
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +135,29 @@ def test_a_ten_percent_canary_gets_its_share_and_statistics_count_the_requests(r
     # worker -> Kafka (stand-in) -> statistics service
     wait_until(lambda: counted() >= CANARY_REQUESTS, 120, f"{CANARY_REQUESTS}+ requests on /metrics", interval=2,
                on_timeout=release.describe)
+
+
+def test_the_console_through_the_control_planes_service(release):
+    """/console at the control plane's Service (as `kubectl port-forward svc/...-control-plane` or the
+    Ingress reach it), in Chromium: sign-in, the endpoint with the versions the API has, the playground's
+    answer through the workers' Service with the key, a CLI change on the open page by its event stream
+    (tests/deploy/console_check.py)."""
+    if not release.client_key:
+        pytest.fail("needs the model deployed by the previous tests", pytrace=False)
+    listed = json.loads(release.cli("endpoint", "list", "--json").stdout)
+    versions = {t["version"] for ep in listed if ep["name"] == "clf" for t in ep["targets"]}
+
+    def direct(version: str, text: str) -> dict:
+        with release.worker() as client:
+            r = client.post(f"/serve/clf/{version}", json={"text": text})
+        assert r.status_code == 200 and r.headers["X-Model-Version"] == version, r.text
+        return r.json()
+
+    cookie = check_console(f"{release.service_url('control-plane', 8080)}/console", release.admin_token, "clf",
+                           versions, release.client_key, direct,
+                           change=lambda: release.cli("metrics", "add", "--endpoint", "clf", "--log-freq", "1"),
+                           shows="PUT /endpoints/{name}/log-freq")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and not cookie["secure"], cookie  # plain HTTP
 
 
 def test_the_api_server_accepts_the_1_20_autoscaler_and_disruption_budget(release):

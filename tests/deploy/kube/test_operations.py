@@ -8,7 +8,7 @@ onnxruntime's for its text) and its counts printed per step:
    (each pod's own nv_inference_request_success); one Triton pod deleted, then one Triton container
    killed with SIGKILL: no request lost; the replacement loads the models itself before it is Ready
    and takes calls again.
-2. ``helm upgrade --reuse-values --set worker.replicaCount=3``: every worker pod holds the control
+2. ``helm upgrade --reuse-values --set worker.replicas=3``: every worker pod holds the control
    plane's config revision and answers a share of the load (each pod's /v2/models/clf/stats).
 3. A rolling upgrade of the workers (a pod annotation): no request lost (preStop sleep, readiness).
 4. A worker pod deleted: no request lost.
@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.deploy.kube.helm_release import NS, RELEASE, Release, deploy_clf, images_in_node, installed
+from tests.deploy.kube.helm_release import NS, RELEASE, Release, deploy_clf, installed
 from tests.deploy.reference import reference_logits
 from tests.support.procs import wait_until
 
@@ -145,10 +145,10 @@ def record(step: str, counts: Counts, note: str = "") -> None:
 
 
 @pytest.fixture(scope="module")
-def release(kube_cluster, tmp_path_factory, tiny_model):
+def release(kube_cluster, platform_images_in_node, tmp_path_factory, tiny_model):
     start = time.monotonic()
-    with images_in_node(kube_cluster) as names, installed(kube_cluster, names, tmp_path_factory.mktemp("helm"),
-                                                          {"triton": {"replicas": 2}}) as rel:
+    with installed(kube_cluster, platform_images_in_node, tmp_path_factory.mktemp("helm"),
+                   {"triton": {"replicas": 2}}) as rel:
         deploy_clf(rel, tiny_model)
         kube_cluster.timings["install and deploy"] = time.monotonic() - start
         yield rel
@@ -302,7 +302,7 @@ def watch_replacement(release: Release, old: set[str], models: set[str]) -> dict
 
 def test_2_three_workers_hold_the_current_config_and_share_the_load(release, expected):
     with Load(release, expected) as load:
-        release.helm("upgrade", RELEASE, str(release_chart()), "--reuse-values", "--set", "worker.replicaCount=3",
+        release.helm("upgrade", RELEASE, str(release_chart()), "--reuse-values", "--set", "worker.replicas=3",
                      "--wait", "--timeout", "5m", timeout=400)
         pods = wait_pods_ready(release, "worker", 3)
         revision = control_plane_get(release, "/config").json()["revision"]

@@ -8,6 +8,8 @@ storage. ``WaitForFirstConsumer`` binds a claim when its pod is scheduled, as mo
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,6 +19,9 @@ CLASS = "local-test"
 
 
 def provide(cluster: "Cluster", count: int, capacity: str = "100Gi") -> None:
+    """``count`` volumes Available for the next release: those an earlier release's claims held (Released,
+    kept by the Retain policy) are emptied and made again."""
+    recycle(cluster)
     docs = [f"""apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata:
@@ -42,3 +47,15 @@ spec:
       nodeSelectorTerms:
       - matchExpressions: [{{key: kubernetes.io/hostname, operator: In, values: [{cluster.node}]}}]""")
     cluster.apply("\n---\n".join(docs))
+
+
+def recycle(cluster: "Cluster") -> None:
+    """Delete the pool's Released volumes and empty their directories (``provide`` makes them again):
+    the next release of the same name must start with an empty database, as on a new cluster."""
+    for pv in cluster.get("pv")["items"]:
+        if pv["spec"].get("storageClassName") != CLASS or pv["status"].get("phase") != "Released":
+            continue
+        cluster.kubectl("delete", "pv", pv["metadata"]["name"], "--wait=true", timeout=120)
+        path = Path(pv["spec"]["local"]["path"])
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
