@@ -45,7 +45,7 @@ def endpoint_out(ep: Endpoint) -> dict:
         "log_freq": ep.log_freq, "io": ep.io or {}, "auto_update": ep.auto_update or {},
         "engine_options": ep.engine_options or {},
         "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role,
-                     **({"served_by": served_by(t.model.name, t.model.version, ep.engine_options)}
+                     **({"served_by": served_by(t.model.name, t.model.version, ep.engine_options, t.model.signature)}
                         if ep.engine in LLM_ENGINES else {})}
                     for t in ep.targets],
         "metrics": [{"name": m.name, "kind": m.kind, **m.spec} for m in ep.metrics],

@@ -145,7 +145,7 @@ class Rollout(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     endpoint_id: Mapped[int] = mapped_column(ForeignKey("endpoints.id", ondelete="CASCADE"))
     model_id: Mapped[int] = mapped_column(ForeignKey("model_versions.id"))
-    state: Mapped[str] = mapped_column(String(16))  # running | succeeded | rolled_back | aborted
+    state: Mapped[str] = mapped_column(String(16))  # running | paused | succeeded | rolled_back | aborted
     steps: Mapped[list] = mapped_column(JSON)  # percents of traffic, e.g. [5, 25, 50, 100]
     step_index: Mapped[int] = mapped_column(Integer, default=0)
     interval_s: Mapped[float] = mapped_column(Float)

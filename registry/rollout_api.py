@@ -29,4 +29,14 @@ def rollout_router(rollouts: Rollouts) -> APIRouter:
     def abort(endpoint: str, request: Request):
         return rollouts.abort(endpoint, actor(request))
 
+    @router.post("/rollouts/{endpoint}/pause")
+    def pause(endpoint: str, request: Request):
+        """The rollout keeps its current share and takes no step nor decision until resumed."""
+        return rollouts.pause(endpoint, actor(request))
+
+    @router.post("/rollouts/{endpoint}/resume")
+    def resume(endpoint: str, request: Request):
+        """A paused rollout goes on at its step, judged on a fresh window of a whole interval."""
+        return rollouts.resume(endpoint, actor(request))
+
     return router

@@ -6,8 +6,12 @@ latency, drift, from ``rollout_metrics``) is checked against the gates: all pass
 step (after the last, 100%, the candidate is promoted); one fails -> the stable version takes
 all traffic again and the reason is recorded. Too little traffic to judge holds the step.
 
+A rollout can be paused (``pause``): it keeps the share of its current step and takes no step
+and makes no decision (no gate is judged) until it is resumed, with a fresh window of a whole
+interval; aborting works on a paused rollout too.
+
 The state lives in the ``rollouts`` table, so a restarted control plane resumes a rollout at
-its step with a fresh window. Two control planes on one database do not both act on a step:
+its step with a fresh window (a paused one stays paused). Two control planes on one database do not both act on a step:
 each change is conditional on the step it read (``UPDATE ... WHERE step_index = ?``).
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ from registry.service import Conflict, NotFound, Registry
 
 log = logging.getLogger(__name__)
 ACTOR = "rollout-controller"
+LIVE = ("running", "paused")  # states of a rollout that is not over
 
 
 def utcnow() -> datetime:
@@ -84,8 +89,9 @@ class Rollouts:
             ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
             if ep is None:
                 raise NotFound(f"endpoint {req.endpoint} not found")
-            if s.scalar(select(Rollout.id).where(Rollout.endpoint_id == ep.id, Rollout.state == "running")):
-                raise Conflict(f"endpoint {req.endpoint} already has a rollout running; abort it first")
+            live = s.scalar(select(Rollout.state).where(Rollout.endpoint_id == ep.id, Rollout.state.in_(LIVE)))
+            if live:
+                raise Conflict(f"endpoint {req.endpoint} already has a rollout {live}; abort it first")
             engine = ep.engine
         # the candidate joins as a canary (checks: model exists, fits the engine, a stable version exists)
         self.registry.deploy(schemas.EndpointDeploy(endpoint=req.endpoint, model=req.model, version=req.version,
@@ -113,14 +119,55 @@ class Rollouts:
 
     def abort(self, endpoint: str, actor: str = "anonymous") -> dict[str, Any]:
         with self.registry.sessions() as s:
-            r = s.scalar(select(Rollout).join(Endpoint).where(Endpoint.name == endpoint, Rollout.state == "running"))
-            if r is None:
-                raise NotFound(f"endpoint {endpoint} has no rollout running")
+            r = self._live(s, endpoint)
             self._finish(s, r, "aborted", f"aborted by {actor}", keep="stable", actor=actor)
             return rollout_out(r)
 
+    def pause(self, endpoint: str, actor: str = "anonymous") -> dict[str, Any]:
+        """The rollout keeps its step's share; no step is taken and no gate judged until ``resume``."""
+        now = self.clock()
+        with self.registry.sessions() as s:
+            r = self._live(s, endpoint)
+            if r.state == "paused":
+                raise Conflict(f"the rollout on endpoint {endpoint} is already paused; resume it or abort it")
+            step = r.step_index
+            why = f"paused by {actor} at step {step + 1} ({r.steps[step]:g}%)"
+            claimed = s.execute(update(Rollout).where(Rollout.id == r.id, Rollout.state == "running",
+                                                      Rollout.step_index == step)
+                                .values(state="paused", next_step_at=None, updated_at=now, reason=why,
+                                        history=[*r.history, _event(now, why, step, r.steps[step])]))
+            if claimed.rowcount != 1:  # the controller took a step or a decision meanwhile
+                s.rollback()
+                raise Conflict(f"the rollout on endpoint {endpoint} changed meanwhile; look at it and try again")
+            s.commit()
+            s.refresh(r)
+            self._baselines.pop(r.id, None)
+            return rollout_out(r)
+
+    def resume(self, endpoint: str, actor: str = "anonymous") -> dict[str, Any]:
+        """A paused rollout goes on at its step, judged on a fresh window of a whole interval."""
+        now = self.clock()
+        with self.registry.sessions() as s:
+            r = self._live(s, endpoint)
+            if r.state != "paused":
+                raise Conflict(f"the rollout on endpoint {endpoint} is {r.state}, not paused")
+            step = r.step_index
+            r.state, r.reason, r.updated_at = "running", "", now
+            r.next_step_at = now + timedelta(seconds=r.interval_s)
+            r.history = [*r.history, _event(now, f"resumed by {actor}", step, r.steps[step])]
+            s.commit()
+            self._baselines[r.id] = self.source.snapshot(endpoint, r.model.version)
+            return rollout_out(r)
+
+    @staticmethod
+    def _live(s: Session, endpoint: str) -> Rollout:
+        r = s.scalar(select(Rollout).join(Endpoint).where(Endpoint.name == endpoint, Rollout.state.in_(LIVE)))
+        if r is None:
+            raise NotFound(f"endpoint {endpoint} has no rollout running or paused")
+        return r
+
     # --- controller -----------------------------------------------------------------------
-    def resume(self) -> int:
+    def resume_after_restart(self) -> int:
         """After a restart: every running rollout continues at its step with a fresh window."""
         now = self.clock()
         with self.registry.sessions() as s:
@@ -163,6 +210,8 @@ class Rollouts:
                                       f"{r.gates.get('min_requests', 1)} needed to judge", observed, keep_baseline=True)
                 return
             failure = gate_failure(window, r.gates)
+            if (failure or step == len(r.steps) - 1) and not _claim(s, r, step):
+                return  # paused, aborted or judged by another control plane meanwhile
             if failure:
                 self._finish(s, r, "rolled_back", f"rolled back at step {step + 1} ({r.steps[step]:g}%): {failure}",
                              keep="stable", observed=observed)
@@ -171,12 +220,13 @@ class Rollouts:
                              keep="candidate", observed=observed)
             else:
                 weight = r.steps[step + 1]
-                claimed = s.execute(update(Rollout).where(Rollout.id == r.id, Rollout.step_index == step)
+                claimed = s.execute(update(Rollout).where(Rollout.id == r.id, Rollout.state == "running",
+                                                          Rollout.step_index == step)
                                     .values(step_index=step + 1, updated_at=now,
                                             next_step_at=now + timedelta(seconds=r.interval_s),
                                             history=[*r.history, _event(now, "gates passed", step + 1, weight, observed)]))
                 if claimed.rowcount != 1:
-                    s.rollback()  # another control plane took this step
+                    s.rollback()  # paused, aborted, or another control plane took this step
                     return
                 s.expire(r)
                 _split(r.endpoint, r.model_id, weight)
@@ -185,6 +235,8 @@ class Rollouts:
 
     def _hold(self, s: Session, r: Rollout, now: datetime, why: str, observed: dict | None = None,
               keep_baseline: bool = False) -> None:
+        if not _claim(s, r, r.step_index):
+            return
         r.next_step_at = now + timedelta(seconds=r.interval_s)
         r.reason = why
         last = r.history[-1] if r.history else {}
@@ -219,6 +271,17 @@ class Rollouts:
         self._baselines.pop(r.id, None)
 
 
+def _claim(s: Session, r: Rollout, step: int) -> bool:
+    """Whether the rollout is still running at ``step`` (checked in the database, in this transaction,
+    so a pause or abort committed since it was read wins over the decision about to be made)."""
+    still = s.execute(update(Rollout).where(Rollout.id == r.id, Rollout.state == "running", Rollout.step_index == step)
+                      .values(updated_at=r.updated_at))
+    if still.rowcount != 1:
+        s.rollback()
+        return False
+    return True
+
+
 def _split(ep: Endpoint, candidate_model_id: int, weight: float) -> None:
     """The candidate takes ``weight`` percent, the stable version the rest; shadows keep their share."""
     for t in ep.targets:
@@ -251,7 +314,7 @@ class RolloutController:
 
     def start(self) -> "RolloutController":
         try:
-            resumed = self.rollouts.resume()
+            resumed = self.rollouts.resume_after_restart()
             if resumed:
                 log.info("resumed %d running rollout(s)", resumed)
         except Exception:

@@ -32,11 +32,17 @@ def _shown(value: str) -> str:
     return repr(value if len(value) <= 60 else value[:60] + "...")
 
 
+RESERVED_ENDPOINTS = ("openai", "tei")  # /serve/openai/v1 and /serve/tei/NAME are the workers' other APIs
+
+
 def endpoint_name(value: str) -> str:
     """Endpoint names are URL path segments (``/serve/NAME``), as ClearML's are."""
     if not ENDPOINT_NAME.fullmatch(value):
         raise ValueError(f"endpoint name {_shown(value)} is not allowed: use 1 to {MAX_NAME} letters, digits, "
                          "'_', '.' or '-', starting with a letter or digit (it is part of the URL /serve/NAME)")
+    if value in RESERVED_ENDPOINTS:
+        raise ValueError(f"endpoint name {value!r} is reserved: /serve/openai/v1 and /serve/tei/NAME are the "
+                         "workers' OpenAI and TEI APIs")
     return value
 
 
@@ -57,7 +63,8 @@ ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", 
 MODEL_LESS_ENGINES = ("custom", "custom_async")
 FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
               "tensorrt", "torchscript", "savedmodel", "openvino", "python",  # these five: Triton formats
-              "hf-causal-lm")  # a Hugging Face causal LM folder (engine vllm)
+              "hf-causal-lm",  # a Hugging Face causal LM folder (engine vllm)
+              "hf-lora")  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters.py)
 Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm"]
 LLM_ENGINES = ("vllm",)  # engine_options belong to these (serving/llm/checks.py)
 
@@ -77,11 +84,14 @@ class ModelCreate(BaseModel):
     name: ModelName
     artifact: str = Field(description="sha256 of an uploaded artifact")
     framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
-                       "tensorrt", "torchscript", "savedmodel", "openvino", "python", "hf-causal-lm"] = "onnx"
+                       "tensorrt", "torchscript", "savedmodel", "openvino", "python", "hf-causal-lm",
+                       "hf-lora"] = "onnx"
     signature: Signature | None = Field(None, description="inferred from the ONNX file, a Triton model's "
                                                           "config.pbtxt or a causal LM's config.json when omitted")
     tags: list[str] = []
     metadata: dict[str, Any] = {}
+    base: str | None = Field(None, max_length=256, description="hf-lora: the version the adapter was trained on, "
+                                                               "NAME:VERSION")
 
     @field_validator("metadata")
     @classmethod
@@ -128,6 +138,10 @@ class PreprocessSpec(BaseModel):
     def _artifact_needed(self) -> "PreprocessSpec":
         if self.kind != "none" and not self.artifact:
             raise ValueError(f"preprocess kind '{self.kind}' needs an artifact")
+        if self.kind == "tokenizer":
+            from preprocess.encoder import check_options
+
+            check_options(self.options)  # an encoder's task, pooling, limits (docs/embeddings.md)
         return self
 
 

@@ -100,8 +100,13 @@ class Registry:
         framework = formats.upload_framework(path, req.framework)
         if framework not in formats.TRITON_ONLY:
             refuse_pytorch(path, framework, f"model {req.name}'s file")
+        if req.base is not None and framework != "hf-lora":
+            raise BadRequest(f"--base names the model a LoRA adapter was trained on; {req.name}'s upload is {framework}")
         if framework == "hf-causal-lm":
             signature = _llm_signature(path)
+            self._check_llm_followers(req.name, signature)
+        elif framework == "hf-lora":
+            signature = self._adapter_signature(path, req.base)
             self._check_llm_followers(req.name, signature)
         elif req.signature is not None:
             signature = req.signature.model_dump()
@@ -126,6 +131,28 @@ class Registry:
             return mv
 
         return self._write(create, f"adding a version of model {req.name}")
+
+    def _adapter_signature(self, path, base: str | None) -> dict:
+        """A LoRA adapter's facts, checked against its base version's weights (serving/llm/adapters.py);
+        its base's ``llm`` facts are kept too (context, chat template: what the worker checks a request with)."""
+        from serving.llm.adapters import AdapterError, adapter_signature, base_weights, read_adapter
+
+        if not base:
+            raise BadRequest("a LoRA adapter needs its base: --base NAME:VERSION (the version it was trained on)")
+        name, _, version = base.rpartition(":")
+        if not name or not version.isdigit():
+            raise BadRequest(f"--base {base!r}: give the base version as NAME:VERSION")
+        with self.sessions() as s:
+            model = _model(s, name, int(version))
+        if model.framework != "hf-causal-lm":
+            raise Unprocessable(f"the base {base} is {model.framework}, not a Hugging Face causal LM folder")
+        try:
+            config, tensors = read_adapter(path)
+            ref = {"name": model.name, "version": model.version, "artifact": model.sha256}
+            signature = adapter_signature(config, tensors, base_weights(self.store.path(model.sha256)), ref)
+        except AdapterError as exc:
+            raise Unprocessable(f"the adapter does not fit {base}: {exc}") from None
+        return {**signature, "llm": (model.signature or {}).get("llm")}
 
     def _check_llm_followers(self, name: str, signature: dict) -> None:
         """A new version an auto-update vllm endpoint would serve at once is checked as a deploy is."""
@@ -152,7 +179,7 @@ class Registry:
                 raise NotFound(f"model {name}" + (f":{version}" if version else "") + " not found")
             ids = [m.id for m in models]
             used = s.scalars(select(Endpoint.name).join(EndpointTarget).where(EndpointTarget.model_id.in_(ids)))
-            in_use = sorted(set(used))
+            in_use = sorted(set(used) | _adapters_on(s, models))
             if in_use:
                 raise Conflict(f"model {name} is deployed on endpoint(s) {', '.join(in_use)}; remove it there first")
             for m in models:
@@ -425,8 +452,26 @@ def _check_llm(model: ModelVersion | None, options: dict, why: str = "") -> None
         return  # refused by _check_deployable: vllm is not a model-less engine
     label = f"{model.name}:{model.version}" if model.version else f"the new version of {model.name}"
     problems = servable_problems(label, model.signature or {}, options or {})
+    if model.framework == "hf-lora" and model.signature:
+        from serving.llm.checks import adapter_problems
+
+        problems += adapter_problems(label, model.signature, options or {})
     if problems:
         raise Unprocessable(f"engine vllm cannot serve it{why}: " + "; ".join(problems))
+
+
+def _adapters_on(s: Session, bases: list[ModelVersion]) -> set[str]:
+    """Endpoints serving a LoRA adapter of one of these versions (the base's engine runs it)."""
+    refs = {(m.name, m.version) for m in bases}
+    found = set()
+    q = (select(Endpoint.name, ModelVersion.signature).select_from(Endpoint)
+         .join(EndpointTarget, EndpointTarget.endpoint_id == Endpoint.id)
+         .join(ModelVersion, EndpointTarget.model_id == ModelVersion.id).where(ModelVersion.framework == "hf-lora"))
+    for ep_name, sig in s.execute(q):
+        base = ((sig or {}).get("lora") or {}).get("base") or {}
+        if (base.get("name"), base.get("version")) in refs:
+            found.add(ep_name)
+    return found
 
 
 def _model(s: Session, name: str, version: int | None) -> ModelVersion:

@@ -1,7 +1,7 @@
 """The console's actions: each one a POST carrying the session's CSRF token, made through the API.
 
 What cannot be undone (promote, roll back, abort a rollout, revoke a key or token) first shows a
-confirmation page; its "Confirm" button posts the same form again with ``confirm=yes``. The API
+confirmation page (pausing a rollout can be undone by resuming it: no confirmation); its "Confirm" button posts the same form again with ``confirm=yes``. The API
 answers for itself: its validation errors and role refusals are shown as it words them, with its
 status, and its audit log records the signed-in user.
 """
@@ -80,6 +80,14 @@ async def _rollout_abort(c: Console, s: Session, f: Form):
     return await c.api.call(s.token, "POST", f"/rollouts/{api_path(f['endpoint'])}/abort")
 
 
+async def _rollout_pause(c: Console, s: Session, f: Form):
+    return await c.api.call(s.token, "POST", f"/rollouts/{api_path(f['endpoint'])}/pause")
+
+
+async def _rollout_resume(c: Console, s: Session, f: Form):
+    return await c.api.call(s.token, "POST", f"/rollouts/{api_path(f['endpoint'])}/resume")
+
+
 # action -> (what it does, the API call, whether it asks to confirm first)
 ACTIONS: dict[str, tuple[str, Call, bool]] = {
     "weights": ("set the traffic split", _set_weights, False),
@@ -88,6 +96,9 @@ ACTIONS: dict[str, tuple[str, Call, bool]] = {
     "shadow-on": ("copy a share of requests to a shadow version", _shadow_on, False),
     "shadow-off": ("stop shadowing", _shadow_off, False),
     "rollout-start": ("start a gated rollout", _rollout_start, False),
+    "rollout-pause": ("pause the rollout (it keeps its share; no step and no decision until resumed)",
+                      _rollout_pause, False),
+    "rollout-resume": ("resume the rollout (judged after a fresh interval)", _rollout_resume, False),
     "rollout-abort": ("abort the rollout (the candidate's share goes back to 0)", _rollout_abort, True),
 }
 

@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from registry.console.actions import routes as action_routes
+from registry.console.chat import routes as chat_routes
 from registry.console.api_client import Api, ApiError
 from registry.console.pages import routes as page_routes
 from registry.console.playground import routes as playground_routes
@@ -45,14 +46,14 @@ def mount_console(app: FastAPI, settings: ControlPlaneSettings) -> None:
 def create_console(parent: FastAPI, settings: ControlPlaneSettings) -> FastAPI:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = lambda v, digits=1: "–" if v is None else f"{v:,.{digits}f}"
-    console = Console(api=Api(parent), sessions=SessionBook(), stats=Statistics(settings.resolved_statistics_url()),
+    console = Console(api=Api(parent), sessions=SessionBook(), stats=Statistics(settings.resolved_statistics_url(), every_s=settings.console_sample_s),
                       data_plane_url=data_plane_url(settings), broadcaster=parent.state.broadcaster, templates=templates)
     app = FastAPI(title="serving console", docs_url=None, redoc_url=None, openapi_url=None)
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     _errors(app, console)
     _sign_in(app, console)
     _events(app, console)
-    for routes in (page_routes, action_routes, playground_routes):
+    for routes in (page_routes, action_routes, playground_routes, chat_routes):
         app.include_router(routes(console))
     return app
 

@@ -23,6 +23,10 @@ def _scale(values: list[float]) -> tuple[float, float]:
     return 0.0, top if top > 0 else 1.0
 
 
+def _span(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
 def _path(points: list[tuple[float, float | None]], x0: float, span: float, top: float) -> str:
     parts, pen_down = [], False
     for t, v in points:
@@ -48,7 +52,7 @@ def line_chart(title: str, unit: str, lines: dict[str, list[tuple[float, float |
            f"<title>{escape(title)}: {escape(summary)}</title>",
            f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" class="axis"/>',
            f'<text x="{PAD}" y="{PAD - 8}" class="tick">{top:.3g} {escape(unit)}</text>',
-           f'<text x="{PAD}" y="{H - 8}" class="tick">-{(end - start) / 60:.0f} min</text>',
+           f'<text x="{PAD}" y="{H - 8}" class="tick">-{_span(end - start)}</text>',
            f'<text x="{W - PAD}" y="{H - 8}" class="tick" text-anchor="end">now</text>']
     for i, (label, pts) in enumerate(lines.items()):
         colour, dash = STYLES[i % len(STYLES)]

@@ -52,7 +52,7 @@ def routes(console: Console) -> APIRouter:
             console.api.call(session.token, "GET", "/readiness"))
         rollouts = await console.api.call(session.token, "GET", "/rollouts")
         figures = await console.stats.now()
-        running = {r["endpoint"]: r for r in rollouts if r["state"] == "running"}
+        running = {r["endpoint"]: r for r in rollouts if r["state"] in ("running", "paused")}
         rows = [{"ep": ep, "versions": version_rows(console, ep, figures), "rollout": running.get(ep["name"])}
                 for ep in endpoints]
         return console.render(request, "overview.html", session, rows=rows, workers=readiness,
@@ -73,7 +73,7 @@ def routes(console: Console) -> APIRouter:
         figures = await console.stats.now()
         versions = version_rows(console, ep, figures)
         end = console.stats.clock()
-        start = end - WINDOWS[window]
+        start = console.stats.since(WINDOWS[window])
         series = {f"v{t['version']} ({t['role']})": console.stats.series((name, str(t["version"])), WINDOWS[window])
                   for t in ep["targets"]}
         charts = [line_chart(title, unit, {label: [(p.at, getattr(p, field)) for p in pts]

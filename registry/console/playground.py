@@ -3,7 +3,8 @@
 The console calls the workers' ``POST /serve/{endpoint}`` over HTTP, exactly as a client does,
 with the client key the user pastes (never stored) when the endpoint needs one; the page shows
 the answer as JSON and the version that gave it (the worker's ``X-Model-Version``). Endpoints
-with a tokenizer take text (sent as ``{"text": ...}``), others a JSON body typed as is.
+with a tokenizer take text (sent as ``{"text": ...}``), others a JSON body typed as is; LLM
+endpoints get a streaming chat instead (chat.py).
 """
 from __future__ import annotations
 
@@ -16,12 +17,18 @@ from fastapi.responses import HTMLResponse
 
 from registry.console.api_client import ApiError
 from registry.console.web import Console
+from registry.schemas import LLM_ENGINES
 
 MAX_SHOWN = 20_000  # characters of an answer shown
 
 
 def takes_text(endpoint: dict) -> bool:
     return (endpoint.get("preprocess") or {}).get("kind") == "tokenizer"
+
+
+def chats(endpoint: dict | None) -> bool:
+    """LLM endpoints get the streaming chat (chat.py) instead of one /serve request."""
+    return bool(endpoint) and endpoint.get("engine") in LLM_ENGINES
 
 
 async def send(data_plane_url: str, endpoint: str, body: dict, key: str) -> dict:
@@ -46,7 +53,7 @@ def routes(console: Console) -> APIRouter:
         endpoints = await console.api.call(session.token, "GET", "/endpoints")
         chosen = next((e for e in endpoints if e["name"] == name), endpoints[0] if endpoints else None)
         return console.render(request, "playground.html", session, status=status, endpoints=endpoints, chosen=chosen,
-                              text_input=bool(chosen and takes_text(chosen)), given=given, result=result,
+                              text_input=bool(chosen and takes_text(chosen)), chat=chats(chosen), given=given, result=result,
                               error=error, data_plane=console.data_plane_url, page="playground")
 
     @router.get("/playground", response_class=HTMLResponse)

@@ -2,7 +2,7 @@
 
 The statistics service keeps cumulative counters only; the console reads them now for the
 totals and percentiles it shows (so its numbers are the service's own), and keeps a sample
-every ``EVERY_S`` for an hour in this process's memory, whence the rates and the charts over
+every ``EVERY_S`` (SERVING_CONSOLE_SAMPLE_S) for an hour in this process's memory, whence the rates and the charts over
 the last 15 minutes and hour (a restarted control plane starts its history again; compose and
 Helm have Prometheus and Grafana for longer ones). Percentiles come from the latency histogram
 as Prometheus' ``histogram_quantile`` computes them (registry/rollout_metrics.py).
@@ -143,9 +143,10 @@ def between(start: Figures, end: Figures, seconds: float, at: float) -> Point:
 class Statistics:
     """Reads the statistics service; keeps an hour of samples for rates and charts."""
 
-    def __init__(self, url: str, clock=time.time) -> None:
+    def __init__(self, url: str, clock=time.time, every_s: float = EVERY_S) -> None:
         self.url = url.rstrip("/") + "/metrics"
         self.clock = clock
+        self.every_s = every_s
         self.samples: deque[tuple[float, dict[Key, Figures]]] = deque()
         self.error: str | None = None
         self._task: asyncio.Task | None = None
@@ -160,7 +161,7 @@ class Statistics:
             return self.samples[-1][1] if self.samples else {}
         self.error = None
         figures, at = parse(text), self.clock()
-        if not self.samples or at - self.samples[-1][0] >= EVERY_S / 2:
+        if not self.samples or at - self.samples[-1][0] >= self.every_s / 2:
             self.samples.append((at, figures))
         while self.samples and at - self.samples[0][0] > KEEP_S:
             self.samples.popleft()
@@ -174,7 +175,7 @@ class Statistics:
     async def _sample(self) -> None:
         while True:
             await self.now()
-            await asyncio.sleep(EVERY_S)
+            await asyncio.sleep(self.every_s)
 
     def rate(self, key: Key, over_s: float = 60.0) -> float | None:
         """Requests per second over the last ``over_s`` (None until two samples span some time)."""
@@ -185,6 +186,13 @@ class Statistics:
         if end_at - start_at <= 0 or key not in end:
             return None
         return (end[key].requests - start.get(key, Figures()).requests) / (end_at - start_at)
+
+    def since(self, window_s: float) -> float:
+        """Where a chart of the last ``window_s`` starts: the window's start, or the first sample kept
+        when the history is shorter (a control plane started a few minutes ago draws those minutes
+        across the chart, not a sliver at its right edge)."""
+        cut = self.clock() - window_s
+        return max(cut, self.samples[0][0]) if self.samples else cut
 
     def series(self, key: Key, window_s: float) -> list[Point]:
         """Points between consecutive samples of the last ``window_s`` seconds."""

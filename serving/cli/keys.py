@@ -23,7 +23,7 @@ def key_create(
     burst: Optional[int] = typer.Option(None, "--burst", help="requests at once above the rate "
                                                              "[default: one second's worth]"),
     tokens_per_minute: Optional[int] = typer.Option(
-        None, "--tokens-per-minute", help="LLM tokens (prompt + completion) per minute, per worker process; "
+        None, "--tokens-per-minute", help="tokens per minute (LLM: prompt + completion; encoders: the texts'), per worker process; "
                                           "a request is refused (429) once they are spent [default: no limit]"),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:

@@ -88,3 +88,19 @@ def abort(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -
     """Stop the running rollout: the stable version takes all traffic again."""
     r = ctx.obj.post(f"/rollouts/{endpoint}/abort")
     console.print(f"rollout {r['id']} on {endpoint}: {r['state']} ({r['reason']})")
+
+
+@app.command()
+def pause(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -> None:
+    """Hold the running rollout at its step: no step is taken and no gate judged until `resume`."""
+    r = ctx.obj.post(f"/rollouts/{endpoint}/pause")
+    console.print(f"rollout {r['id']} on {endpoint}: {r['state']} at step {r['step'] + 1} of {len(r['steps'])} "
+                  f"({r['weight']:g}%)")
+
+
+@app.command()
+def resume(ctx: typer.Context, endpoint: str = typer.Option(..., "--endpoint")) -> None:
+    """Go on with a paused rollout at its step; it is judged after a fresh interval."""
+    r = ctx.obj.post(f"/rollouts/{endpoint}/resume")
+    console.print(f"rollout {r['id']} on {endpoint}: {r['state']} at step {r['step'] + 1} of {len(r['steps'])} "
+                  f"({r['weight']:g}%), next check in {r['interval_s']:g} s")

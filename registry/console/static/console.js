@@ -19,16 +19,28 @@
       })
       .catch(function () { /* the control plane restarts: the next event or tick tries again */ });
   }
-  document.addEventListener("DOMContentLoaded", function () {
-    if (!document.querySelector("[data-live]")) { return; }
-    var seen = null;
-    var events = new EventSource("/console/events");
+  var events = null, timer = null, seen = null;
+  function listen() {
+    events = new EventSource("/console/events");
     events.addEventListener("config", function (e) {
       if (seen !== null && e.data !== seen) { refresh(); }
       seen = e.data;
       document.body.dataset.revision = e.data;
     });
     var every = Number(document.body.dataset.liveEvery || 0);
-    if (every > 0) { window.setInterval(refresh, every * 1000); }
+    if (every > 0) { timer = window.setInterval(refresh, every * 1000); }
+  }
+  // A page left for another is closed as it goes: a page the browser keeps for "back" would otherwise
+  // keep its event stream's connection, and browsers allow six to one host (HTTP/1.1): the next
+  // page would wait for one. Shown again from that cache, it re-reads itself and listens again.
+  window.addEventListener("pagehide", function () {
+    if (events) { events.close(); events = null; }
+    if (timer) { window.clearInterval(timer); timer = null; }
+  });
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted && document.querySelector("[data-live]") && !events) { refresh(); listen(); }
+  });
+  document.addEventListener("DOMContentLoaded", function () {
+    if (document.querySelector("[data-live]")) { listen(); }
   });
 })();
