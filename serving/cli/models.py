@@ -10,7 +10,9 @@ import typer
 
 from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framework_for, io_declaration, parse_sizes
 from serving.cli.client import ControlPlane
+from serving.cli.encoder_folder import encoder_options, exported_folder
 from serving.cli.hf_folder import is_llm_folder, upload_folder
+from serving.llm.adapters import is_adapter_folder
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
 from serving.cli.triton_upload import triton_onnx_file, triton_upload, upload_triton
@@ -43,12 +45,22 @@ def upload(
                                                       "+ int8 weights (CPU), or + fp16 (GPU)"),
     num_heads: int = typer.Option(0, help="attention heads, for --optimize (0: detect)"),
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
+    base: Optional[str] = typer.Option(None, "--base", help="a PEFT LoRA adapter folder's base version, NAME:VERSION "
+                                                            "(or its model id): served in that version's engines"),
 ) -> None:
     """Upload a model file or folder (with a progress bar) and register it as a new version.
 
     A Triton model goes as users have it: its model folder (config.pbtxt and a version directory), or
     one model file or folder whose format is read from it (model.plan, model.pt, model.savedmodel/,
-    model.xml with its .bin, model.py). A Hugging Face causal LM folder goes as one version (engine vllm)."""
+    model.xml with its .bin, model.py). A Hugging Face causal LM folder goes as one version (engine vllm);
+    a PEFT LoRA adapter folder (adapter_config.json) as one version that knows its --base. A
+    sentence-transformers folder (an embedding model or a cross-encoder) is exported to ONNX first."""
+    if is_adapter_folder(path) or base is not None:
+        _upload_adapter(plane(ctx), name, path, base, tag)
+        return
+    exported = exported_folder(path, framework)
+    if exported is not None:
+        path, framework = exported, "onnx"
     llm = is_llm_folder(path, framework)
     triton = None if llm else triton_upload(path, framework)
     if triton is not None and triton.name == "onnx":  # the platform writes ONNX models' config.pbtxt itself
@@ -78,6 +90,22 @@ def upload(
                   f"sha256 {m['sha256'][:12]})")
     for skip in m.get("not_followed") or ():  # an auto-update endpoint whose engine cannot run it
         console.print(f"note: endpoint {skip['endpoint']} does not follow this version: {skip['reason']}")
+
+
+def _upload_adapter(cp: ControlPlane, name: str, path: Path, base: Optional[str], tags: list[str]) -> None:
+    """A LoRA adapter folder: one artifact, registered with its base (the registry checks it fits)."""
+    if not is_adapter_folder(path):
+        raise typer.BadParameter(f"--base is for a PEFT LoRA adapter folder; {path} has no adapter_config.json",
+                                 param_hint="--path")
+    if not base:
+        raise typer.BadParameter(f"{path} is a LoRA adapter: give the version it was trained on with --base "
+                                 "NAME:VERSION", param_hint="--base")
+    sha = upload_folder(cp, path)
+    m = cp.post("/models", json={"name": name, "artifact": sha, "framework": "hf-lora", "tags": tags,
+                                 "base": model_by_id(cp, base)})
+    lora = (m.get("signature") or {}).get("lora") or {}
+    console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}), a LoRA adapter "
+                  f"of {base} (rank {lora.get('rank')} on {', '.join(lora.get('target_modules') or [])})")
 
 
 def _refuse_unservable(path: Path, framework: Optional[str]) -> None:
@@ -168,7 +196,16 @@ def add(
     tokenizer: Optional[Path] = typer.Option(None, file_okay=False, exists=True, help="Hugging Face tokenizer dir"),
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
     labels: Optional[str] = typer.Option(None, help="comma-separated class labels for the tokenizer postprocess"),
-    max_length: int = typer.Option(128, help="tokenizer truncation length"),
+    max_length: Optional[int] = typer.Option(None, help="tokenizer truncation length (default 128; an encoder: "
+                                                        "its folder's, else 512)"),
+    task: Optional[str] = typer.Option(None, help="embed | rerank: an encoder endpoint (default: from a "
+                                                  "sentence-transformers --tokenizer folder; docs/embeddings.md)"),
+    pooling: Optional[str] = typer.Option(None, help="embeddings: mean | cls | max | last | mean_sqrt_len | "
+                                                     "weighted_mean (default: the folder's 1_Pooling, else mean)"),
+    normalize: Optional[bool] = typer.Option(None, "--normalize/--no-normalize",
+                                             help="embeddings: unit length (default: the folder's 2_Normalize)"),
+    max_batch_tokens: Optional[int] = typer.Option(None, min=1, help="encoders: padded tokens of one engine call "
+                                                                     "(default 16384)"),
     pad_to_multiple_of: Optional[int] = typer.Option(
         None, help="round padded lengths up to a multiple, so Triton can batch requests of different lengths "
                    "(default: 16 behind Triton's dynamic batcher, else 0: the longest text)"),
@@ -212,10 +249,15 @@ def add(
             f"{t['model']}:{t['version']} {t['weight']:g}% ({t['role']})" for t in ep["targets"]))
         after_deploy(plane(ctx), ep["name"], wait, wait_timeout)
         return
-    body = _deploy_body(ctx, endpoint, model, engine, tokenizer, preprocess, labels, max_length, pad_to_multiple_of,
-                        canary, max_batch_size, max_queue_delay_us, preferred_batch_size, instances,
+    encoder = None
+    if tokenizer is not None:
+        encoder = encoder_options(tokenizer, task, pooling, normalize, max_length, max_batch_tokens)
+    elif task or pooling or normalize is not None or max_batch_tokens:
+        raise typer.BadParameter("--task, --pooling, --normalize and --max-batch-tokens need --tokenizer")
+    body = _deploy_body(ctx, endpoint, model, engine, tokenizer, preprocess, labels, max_length or 128,
+                        pad_to_multiple_of, canary, max_batch_size, max_queue_delay_us, preferred_batch_size, instances,
                         (input_name, input_type, input_size, output_name, output_type, output_size),
-                        aux_config, requirements, tags, max_versions)
+                        aux_config, requirements, tags, max_versions, encoder)
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
@@ -235,7 +277,8 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
                  preprocess: Optional[Path], labels: Optional[str], max_length: int, pad_to_multiple_of: Optional[int],
                  canary: Optional[str], max_batch_size: Optional[int], max_queue_delay_us: Optional[int],
                  preferred_batch_size: list[int], instances: Optional[int], io_flags: tuple, aux_config: list[str],
-                 requirements: list[str], tags: list[str], max_versions: Optional[int]) -> dict[str, Any]:
+                 requirements: list[str], tags: list[str], max_versions: Optional[int],
+                 encoder: dict[str, Any] | None = None) -> dict[str, Any]:
     if tokenizer and preprocess:
         raise typer.BadParameter("give --tokenizer or --preprocess, not both")
     if requirements and not preprocess:
@@ -253,7 +296,9 @@ def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine
     body: dict[str, Any] = {"endpoint": endpoint, "model": name, "version": version, "engine": engine,
                             "canary": parse_percent(canary), "batching": batching or None, "io": io,
                             "max_versions": max_versions, "aux_config": aux_pairs(aux_config)}
-    if tokenizer:
+    if tokenizer and encoder is not None:  # embeddings or rerank: the token batcher pads, no length buckets
+        body["preprocess"] = {"kind": "tokenizer", "artifact": cp.upload_dir(tokenizer), "options": encoder}
+    elif tokenizer:
         labels = labels if labels is not None else _kept_labels(cp, endpoint)
         body["preprocess"] = _tokenizer_spec(cp, tokenizer, labels, max_length, pad_to_multiple_of, engine,
                                              batching.get("max_batch_size", 32))

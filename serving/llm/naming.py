@@ -7,6 +7,10 @@ wrong answer with status 200). Endpoints whose options are equal share one engin
 engine's ``--served-model-name``: ``MODEL:VERSION`` with no options (as before), else
 ``MODEL:VERSION@<8 hex digits of the options' hash>``. The launcher, its metrics, the workers and the
 registry's listings all derive it here, so they always agree.
+
+``replicas`` and ``routing`` are not in the key: how many engines run a version, and how the workers
+spread requests over them, change nothing any one engine computes (a version scaled from 1 to 3 replicas
+keeps its running engine and gains two).
 """
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ import json
 from typing import Any, Mapping
 
 EXTERNAL = ("url", "served_model_name")  # options of an engine that runs elsewhere: nothing to launch
+SCALING = ("replicas", "routing")          # how many engines and how requests spread: not what one computes
+LORA_SIZING = ("max_lora_rank", "max_loras")  # merged over the endpoints sharing an engine (lora_flags)
 
 
 def launch_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The options that decide how an engine the platform starts runs (unset ones left out)."""
-    return {k: v for k, v in sorted((options or {}).items()) if k not in EXTERNAL and v not in (None, [], "")}
+    return {k: v for k, v in sorted((options or {}).items())
+            if k not in EXTERNAL + SCALING + LORA_SIZING and v not in (None, [], "")}
 
 
 def engine_key(model: str, version: int, options: Mapping[str, Any] | None = None) -> str:
@@ -30,15 +37,48 @@ def engine_key(model: str, version: int, options: Mapping[str, Any] | None = Non
     return f"{model}:{version}@{digest[:8]}"
 
 
+def replica_count(options: Mapping[str, Any] | None) -> int:
+    """Engines the platform starts for a version (``--aux-config replicas=N``, default 1)."""
+    return max(1, int((options or {}).get("replicas") or 1))
+
+
 def describe_options(options: Mapping[str, Any] | None) -> str:
-    """``dtype=float32 max_model_len=512``, or ``defaults``: what a listing shows of an engine's options."""
+    """``dtype=float32 max_model_len=512``, or ``defaults``: what a listing shows of an engine's options
+    (``replicas=N`` added when more than one)."""
     launch = launch_options(options)
-    return " ".join(f"{k}={' '.join(v) if isinstance(v, list) else v}" for k, v in launch.items()) or "defaults"
+    text = " ".join(f"{k}={' '.join(v) if isinstance(v, list) else v}" for k, v in launch.items()) or "defaults"
+    count = replica_count(options)
+    return f"{text} replicas={count}" if count > 1 else text
 
 
-def served_by(model: str, version: int, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Where a ``vllm`` endpoint's version runs: an external engine's URL, or the platform's engine key."""
+def lora_base(signature: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A LoRA adapter version's base (``{"name", "version", "artifact"}``), or None for any other version."""
+    lora = (signature or {}).get("lora")
+    return lora.get("base") if isinstance(lora, Mapping) and isinstance(lora.get("base"), Mapping) else None
+
+
+def adapter_name(model: str, version: int) -> str:
+    """A LoRA adapter's name in its base's engines (vLLM's ``lora_name``, the request's ``model`` there)."""
+    return f"{model}:{version}"
+
+
+def target_engine(model: str, version: int, signature: Mapping[str, Any] | None,
+                  options: Mapping[str, Any] | None) -> str:
+    """The engine key a target runs in: its own version's, or for a LoRA adapter its base's."""
+    base = lora_base(signature)
+    if base is not None:
+        return engine_key(str(base["name"]), int(base["version"]), options)
+    return engine_key(model, version, options)
+
+
+def served_by(model: str, version: int, options: Mapping[str, Any] | None,
+              signature: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Where a ``vllm`` endpoint's version runs: an external engine's URL, or the platform's engine key
+    (for a LoRA adapter, its base's engine, and the adapter's name there)."""
     opts = dict(options or {})
     if opts.get("url"):
         return {"engine": str(opts.get("served_model_name") or model), "url": opts["url"], "options": "external"}
-    return {"engine": engine_key(model, version, opts), "url": None, "options": describe_options(opts)}
+    out = {"engine": target_engine(model, version, signature, opts), "url": None, "options": describe_options(opts)}
+    if lora_base(signature) is not None:
+        out["adapter"] = adapter_name(model, version)
+    return out

@@ -110,6 +110,12 @@ def test_aux_config_is_the_engine_options_in_the_snapshot(client, tmp_path):
     r = client.post("/endpoints", json={"endpoint": "ext", "model": "llm", "engine": "vllm", "engine_options": external})
     assert r.json()["engine_options"] == {"url": "http://gpu-box:8000/v1", "served_model_name": "llama"}
     assert client.get("/config").json()["endpoints"]["ext"]["engine_options"]["url"] == "http://gpu-box:8000/v1"
+    several = {"url": "http://a:8000/v1/, http://b:8000/v1", "routing": "session"}  # an engine per URL
+    r = client.post("/endpoints", json={"endpoint": "ext2", "model": "llm", "engine": "vllm", "engine_options": several})
+    assert r.json()["engine_options"] == {"url": "http://a:8000/v1,http://b:8000/v1", "routing": "session"}, r.text
+    r = client.post("/endpoints", json={"endpoint": "ext3", "model": "llm", "engine": "vllm",
+                                        "engine_options": {"url": "http://a:8000/v1", "replicas": 2}})
+    assert r.status_code == 422 and "replicas: set where the external engine" in r.text, r.text
 
 
 @pytest.mark.parametrize("pair, named", [
@@ -120,6 +126,8 @@ def test_aux_config_is_the_engine_options_in_the_snapshot(client, tmp_path):
     (("extra_args", "--port 9"), "--port is set by the platform"),
     (("extra_args", "--max-model-len=9"), "use the option max_model_len"),
     (("served_model_name", "x"), "served_model_name"),
+    (("routing", "random"), "'random' is not a routing policy; known: least-loaded, session, prefix, round-robin"),
+    (("replicas", "0"), "replicas"), (("url", "http://a:8000/v1,http://b:8000"), "'http://b:8000' must be"),
 ])
 def test_a_bad_engine_option_is_a_422_naming_it(client, tmp_path, pair, named):
     register(client, tmp_path, "llm")

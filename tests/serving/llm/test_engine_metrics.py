@@ -84,3 +84,22 @@ def test_each_ready_engine_relabelled_per_endpoint_with_queue_gauges(engine_url)
                                                 ("version", "1")))
         assert samples[key] == 17.0
     assert not [k for k in samples if "_created" in k[0] or ("version", "2") in k[1] or ("version", "3") in k[1]]
+
+
+def test_the_replicas_of_an_engine_are_each_scraped_and_their_queues_summed(engine_url):
+    view = {"engines": {"tiny:1": {"url": engine_url, "state": "ready", "replicas": [
+        {"id": "0", "url": engine_url, "state": "ready"}, {"id": "1", "url": engine_url, "state": "ready"},
+        {"id": "2", "url": engine_url, "state": "starting"}]}}}
+    metrics = EngineMetrics(lambda: view)
+    metrics.follow(SNAPSHOT)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    assert samples["serving_llm_requests_running", (("endpoint", "chat"), ("version", "1"))] == 6.0
+    assert samples["serving_llm_requests_waiting", (("endpoint", "chat"), ("version", "1"))] == 8.0
+    for replica in ("0", "1"):
+        key = ("vllm:generation_tokens_total", (("endpoint", "chat"), ("engine", "0"), ("model_name", "tiny:1"),
+                                                ("replica", replica), ("version", "1")))
+        assert samples[key] == 17.0
+    assert not [k for k in samples if ("replica", "2") in k[1]], "a replica not ready is not scraped"

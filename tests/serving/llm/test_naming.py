@@ -22,6 +22,8 @@ def test_equal_options_share_a_key_and_other_options_do_not():
     assert len({f32, engine_key("m", 1, {"dtype": "bfloat16", "max_model_len": 512}), engine_key("m", 2, {}),
                 engine_key("m", 1, {"extra_args": ["--enforce-eager"]}), "m:1"}) == 5
     assert engine_key("m", 1, {"extra_args": []}) == "m:1", "an empty option is no option"
+    assert engine_key("m", 1, {"replicas": 3, "routing": "prefix"}) == "m:1", "scaling is not what an engine computes"
+    assert describe_options({"replicas": 2, "dtype": "float32"}) == "dtype=float32 replicas=2"
     assert describe_options({"dtype": "float32", "extra_args": ["--seed", "1"]}) == "dtype=float32 extra_args=--seed 1"
     assert served_by("m", 1, {"url": "http://e:8000/v1", "served_model_name": "x"}) == \
         {"engine": "x", "url": "http://e:8000/v1", "options": "external"}
@@ -78,3 +80,27 @@ def test_the_issues_sequence_lists_which_engine_serves_each_endpoint(cp, tmp_pat
     assert served["test_vllm_f32"] == served["same_f32"] == {"engine": f32, "url": None, "options": "dtype=float32"}
     table = cli(url, "endpoint", "list").output
     assert f"v1: {f32} (dtype=float32)" in table and "v1: test vllm:1 (defaults)" in table, table
+
+
+def lora_snapshot(base_options: dict, adapter_ranks: list[int], adapter_options: dict | None = None) -> dict:
+    base = {"model": "tiny", "version": 1, "artifact": "b" * 64}
+    adapters = [{"model": "bot", "version": i + 1, "artifact": f"{i}" * 64, "signature": {"lora": {
+        "rank": rank, "base": {"name": "tiny", "version": 1, "artifact": "b" * 64}}}} for i, rank in enumerate(adapter_ranks)]
+    return {"endpoints": {"chat": {"engine": "vllm", "engine_options": base_options, "targets": [base]},
+                          "bot": {"engine": "vllm", "engine_options": adapter_options or {}, "targets": adapters}}}
+
+
+def test_lora_is_on_when_an_adapter_runs_in_the_engine_and_sized_from_them():
+    """An adapter's target runs in its base's engine (same options, same key); LoRA's flags follow the
+    adapters and the endpoints' max_lora_rank, and are not part of the key (adding an adapter keeps it)."""
+    specs = lambda snap: list(wanted_engines(snap).values())  # noqa: E731
+    (plain,) = specs(lora_snapshot({}, []))
+    assert plain.key == "tiny:1" and plain.lora is None and plain.adapters == {}
+    (one,) = specs(lora_snapshot({}, [8]))
+    assert one.key == "tiny:1" and one.lora == (16, 4) and one.adapters == {"bot:1": "0" * 64}
+    assert one.artifact == "b" * 64, "the base's folder"
+    assert specs(lora_snapshot({"max_lora_rank": 8}, []))[0].lora == (8, 4), "asked up front: on without adapters"
+    assert specs(lora_snapshot({"max_lora_rank": 8}, [8, 8]))[0].lora == (8, 4), "an adapter more: no change"
+    assert specs(lora_snapshot({}, [8, 32]))[0].lora == (32, 4)
+    assert specs(lora_snapshot({"max_loras": 2}, [20]))[0].lora == (32, 2), "rank 20 needs vLLM's 32"
+    assert not specs(lora_snapshot({}, [8]))[0].same_engine(plain), "LoRA on is another engine process"

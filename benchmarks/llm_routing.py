@@ -1,0 +1,299 @@
+"""``python -m benchmarks.llm_routing [--conversations 12] [--turns 3] [--streams 4] [--context 1500] [--quick]``.
+
+The four routing policies (docs/llm-routing.md) side by side in one run, on one engine of two replicas:
+the platform as `serving up` runs it (control plane, the LLM launcher, one worker), the launcher pinning
+each vLLM replica to a core of its own. Four endpoints deploy the same version with the same options and
+differ only in ``routing``, so they share the two replicas; each policy gets conversations of its own
+(another seed), so what one policy left in the prefix cache does not help the next.
+
+Workload: multi-turn chats, each conversation with its own long system prompt (``--context`` tokens,
+random words of the tokenizer's corpus) and ``--turns`` user turns, each answer (``--max-tokens``,
+greedy, ``ignore_eos``) appended before the next turn. ``--streams`` clients run at once; each holds
+``conversations / streams`` conversations and takes them turn by turn in rotation, so between two turns
+of a conversation the other conversations pass through the engines. The model (``--hidden``, 4 layers)
+is wide enough that prefill is most of a request's time, and each replica's KV cache
+(``kv_cache_space_gb``) holds about ``--cache-share`` of all conversations' tokens: a replica that sees
+every conversation evicts, one that sees only its own keeps them.
+
+Figures per policy: TTFT p50/p90 (request sent to the first content chunk, measured by the client),
+output tokens/s (completion tokens over the policy's wall time), and the prefix-cache hit rate from vLLM's
+own counters (``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total``, both replicas, the
+policy's delta). Writes ``results/llm_routing.json`` and ``results/llm_routing.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import httpx
+import numpy as np
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.procs import REPO, child_env, free_port, stop, wait_http
+from serving.worker.engines.sse import DONE, read_events
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+POLICIES = {"round-robin": "rr", "least-loaded": "ll", "prefix": "pfx", "session": "sess"}
+LAYERS = 4
+console = Console(width=132)
+
+
+@dataclass
+class Run:
+    policy: str
+    requests: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    wall_s: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    hits: float = 0.0
+    queries: float = 0.0
+
+    def summary(self) -> dict:
+        ttft = np.array(self.ttft_s) * 1000 if self.ttft_s else np.array([np.nan])
+        return {"policy": self.policy, "requests": self.requests, "errors": self.errors,
+                "output_tokens_per_s": round(self.output_tokens / self.wall_s, 1) if self.wall_s else 0.0,
+                "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1),
+                "ttft_p90_ms": round(float(np.percentile(ttft, 90)), 1),
+                "prefix_cache_hit_rate": round(self.hits / self.queries, 3) if self.queries else None,
+                "mean_prompt_tokens": round(float(np.mean(self.prompt_tokens)), 1) if self.prompt_tokens else None,
+                "wall_s": round(self.wall_s, 2)}
+
+
+def conversation(rng: random.Random, words: list[str], context: int) -> list[dict]:
+    return [{"role": "system", "content": " ".join(rng.choice(words) for _ in range(context))}]
+
+
+async def turn(session: aiohttp.ClientSession, url: str, endpoint: str, conv_id: str, messages: list[dict],
+               max_tokens: int, run: Run) -> str:
+    """One streamed chat turn; returns the answer's text."""
+    body = {"model": endpoint, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    t0, first, text, usage = time.perf_counter(), None, [], {}
+    async with session.post(url, json=body, headers={"X-Session-Id": conv_id}) as r:
+        if r.status != 200:
+            await r.read()
+            run.errors += 1
+            return ""
+        async for batch in read_events(data async for data, _ in r.content.iter_chunks()):
+            now = time.perf_counter()
+            for sse in batch:
+                if sse.data == DONE:
+                    continue
+                event = orjson.loads(sse.data)
+                for choice in event.get("choices") or ():
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        first = first or now
+                        text.append(content)
+                usage = event.get("usage") or usage
+    if first is None:
+        run.errors += 1
+        return ""
+    run.requests += 1
+    run.ttft_s.append(first - t0)
+    run.output_tokens += int(usage.get("completion_tokens") or 0)
+    run.prompt_tokens.append(int(usage.get("prompt_tokens") or 0))
+    return "".join(text)
+
+
+async def drive(url: str, policy: str, seed: int, words: list[str], conversations: int, turns: int, streams: int,
+                context: int, max_tokens: int, into: Run | None = None) -> Run:
+    run = into or Run(policy)
+    rng = random.Random(seed)
+    convs = {f"{policy}-{seed}-{c}": conversation(rng, words, context) for c in range(conversations)}
+    ids = list(convs)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        async def client(mine: list[str]) -> None:
+            for t in range(turns):
+                for conv_id in mine:
+                    messages = convs[conv_id]
+                    messages.append({"role": "user", "content": f"question {t}: " + " ".join(
+                        rng.choice(words) for _ in range(12))})
+                    answer = await turn(session, url, POLICIES[policy], conv_id, messages, max_tokens, run)
+                    messages.append({"role": "assistant", "content": answer})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(ids[i::streams]) for i in range(streams)))
+        run.wall_s = time.perf_counter() - t0
+    return run
+
+
+def counters(launcher: str, key: str) -> tuple[float, float]:
+    """vLLM's prefix-cache hits and queries (tokens), summed over the engine's replicas."""
+    replicas = httpx.get(f"{launcher}/engines", timeout=10).json()["engines"][key]["replicas"]
+    hits = queries = 0.0
+    for r in replicas:
+        text = httpx.get(r["url"].removesuffix("/v1") + "/metrics", timeout=10).text
+        hits += sum(float(v) for v in re.findall(r"^vllm:prefix_cache_hits_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+        queries += sum(float(v) for v in re.findall(r"^vllm:prefix_cache_queries_total(?:\{[^}]*\})? (\S+)$",
+                                                    text, re.M))
+    return hits, queries
+
+
+class Stack:
+    """Control plane, LLM launcher and one worker, each in a process group of its own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.procs = root, []
+        ports = {k: free_port() for k in ("cp", "worker", "launcher")}
+        home = root / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        self.launcher = f"http://127.0.0.1:{ports['launcher']}"
+        self.worker = f"http://127.0.0.1:{ports['worker']}"
+        self.env = child_env({"SERVING_HOME": str(home), "SERVING_CREDENTIALS": str(home / "credentials"),
+                              "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
+                              "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
+                              "SERVING_WORKER_PORT": str(ports["worker"]), "SERVING_WORKER_GRPC_PORT": "0",
+                              "SERVING_WORKER_CACHE": str(home / "worker.json"),
+                              "SERVING_LLM_LAUNCHER_PORT": str(ports["launcher"]),
+                              "SERVING_LLM_LAUNCHER_URL": self.launcher,
+                              "SERVING_STATISTICS_ENABLED": "false", "SERVING_CLIENT_KEYS_REQUIRED": "false",
+                              "SERVING_TOKEN": None, "SERVING_ADMIN_TOKEN": None, "SERVING_WORKER_TOKEN": None,
+                              "PYTHONUNBUFFERED": "1"})
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def cli(self, *args: str) -> None:
+        subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO, check=True,
+                       capture_output=True, timeout=900)
+
+    def start(self, model_dir: Path, options: list[str], key: str) -> None:
+        cp = self.spawn("control-plane", "control-plane")
+        wait_http(f"{self.env['SERVING_CONTROL_PLANE_URL']}/health", 120, [cp])
+        launcher = self.spawn("llm", "llm")
+        wait_http(f"{self.launcher}/health", 120, [launcher])
+        worker = self.spawn("worker", "worker")
+        wait_http(f"{self.worker}/v2/health/live", 120, [worker])
+        self.cli("model", "upload", "--name", "bench-llm", "--path", str(model_dir))
+        for policy, endpoint in POLICIES.items():
+            self.cli("model", "add", "--engine", "vllm", "--endpoint", endpoint, "--model", "bench-llm:1",
+                     "--aux-config", *options, f"routing={policy}")
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            replicas = httpx.get(f"{self.launcher}/engines", timeout=10).json()["engines"].get(key, {}).get("replicas")
+            if replicas and all(r["state"] == "ready" for r in replicas):
+                return
+            time.sleep(2)
+        raise SystemExit(f"the replicas did not start; see {self.root}/llm.log")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            stop(proc)
+
+
+def run(conversations: int, turns: int, streams: int, context: int, max_tokens: int, hidden: int,
+        cache_share: float, root: Path) -> dict:
+    from serving.llm.naming import engine_key
+    from serving.testmodels_llm import CORPUS, build_tiny_llama
+
+    max_len = 1 << (context + turns * (max_tokens + 40)).bit_length()
+    bundle = build_tiny_llama(root / "bench-llm", max_model_len=max_len, layers=LAYERS, hidden_size=hidden)
+    token_bytes = 2 * LAYERS * hidden * 4  # keys and values, float32
+    total = conversations * (context + turns * (max_tokens + 30)) * token_bytes
+    kv_gb = round(max(cache_share * total, 2.5 * max_len * token_bytes) / (1 << 30), 4)
+    options = ["dtype=float32", f"max_model_len={max_len}", "replicas=2", f"kv_cache_space_gb={kv_gb}"]
+    key = engine_key("bench-llm", 1, {"dtype": "float32", "max_model_len": max_len, "kv_cache_space_gb": kv_gb})
+    words = sorted({w for line in CORPUS for w in line.split()})
+    stack = Stack(root)
+    runs = []
+    try:
+        stack.start(bundle.path, options, key)
+        url = f"{stack.worker}/serve/openai/v1/chat/completions"
+        warm = Run("warm-up")  # the first requests of each replica pay for its warm-up: not any policy's
+        asyncio.run(drive(url, "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
+        for i, policy in enumerate(POLICIES):
+            before = counters(stack.launcher, key)
+            r = asyncio.run(drive(url, policy, 1000 + i, words, conversations, turns, streams, context, max_tokens))
+            after = counters(stack.launcher, key)
+            r.hits, r.queries = after[0] - before[0], after[1] - before[1]
+            runs.append(r.summary())
+            console.print(f"{policy:13} {runs[-1]}")
+    finally:
+        stack.stop()
+    return {"conversations": conversations, "turns": turns, "streams": streams, "context_words": context,
+            "max_tokens": max_tokens, "hidden_size": hidden, "layers": LAYERS, "max_model_len": max_len,
+            "kv_cache_space_gb_per_replica": kv_gb, "cache_share": cache_share, "runs": runs,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "load_average": " ".join(f"{x:.2f}" for x in __import__("os").getloadavg())}
+
+
+def print_table(result: dict) -> None:
+    table = Table(title=f"routing over 2 replicas: {result['conversations']} conversations x {result['turns']} turns, "
+                        f"{result['streams']} streams, ~{result['context_words']}-token contexts")
+    for col in ("policy", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix-cache hit rate", "errors"):
+        table.add_column(col, justify="right")
+    for r in result["runs"]:
+        table.add_row(r["policy"], f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p90_ms']:.0f}", f"{r['output_tokens_per_s']:.1f}",
+                      "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.1%}",
+                      str(r["errors"]))
+    console.print(table)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["policy"] for r in result["runs"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    x = np.arange(len(names))
+    a.bar(x - 0.2, [r["ttft_p50_ms"] for r in result["runs"]], 0.4, label="p50")
+    a.bar(x + 0.2, [r["ttft_p90_ms"] for r in result["runs"]], 0.4, label="p90")
+    a.set_xticks(x, names)
+    a.set_ylabel("TTFT (ms)")
+    a.legend()
+    b.bar(x, [r["prefix_cache_hit_rate"] or 0 for r in result["runs"]])
+    b.set_xticks(x, names)
+    b.set_ylabel("vLLM prefix-cache hit rate")
+    fig.suptitle("LLM routing policies, 2 vLLM replicas")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--conversations", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--context", type=int, default=1500, help="words of each conversation's system prompt")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=512, help="the model's hidden size (4 layers, heads of 32)")
+    ap.add_argument("--cache-share", type=float, default=0.6,
+                    help="each replica's KV cache as a share of all conversations' tokens")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 4 conversations of 300 words, 2 turns")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.conversations, args.turns, args.context, args.hidden = 4, 2, 300, 128
+    with tempfile.TemporaryDirectory(prefix="llm-routing-") as tmp:
+        result = run(args.conversations, args.turns, args.streams, args.context, args.max_tokens, args.hidden,
+                     args.cache_share, Path(tmp))
+    print_table(result)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "llm_routing.json").write_text(json.dumps(result, indent=2))
+    plot(result, args.out / "llm_routing.png")
+    return result
+
+
+if __name__ == "__main__":
+    main()

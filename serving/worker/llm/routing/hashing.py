@@ -1,0 +1,45 @@
+"""Consistent hashing over replicas: rendezvous (highest random weight) and its bounded-load walk.
+
+Rendezvous: each (key, replica) pair gets a score, and a key goes to the replica of highest score.
+Adding a replica moves exactly the keys it now scores highest for (1/(N+1) of them on average), and
+removing one moves only its own keys, each to its next choice: no table to agree on, the same answer in
+every worker. Replicas are scored by their stable ``id``, so a restarted engine (on a new port) keeps
+its keys.
+
+Bounded load (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018):
+walking the key's order, take the first replica whose load after this request stays within
+``ceil(c * (total load + 1) / N)``. Some replica always fits for ``c >= 1``; a key moves off its first
+choice only while that one carries more than ``c`` times the average.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Sequence
+
+from serving.worker.llm.routing.base import Replica
+
+BALANCE = 1.25  # c: a replica may carry 25% above the average before keys spill to their next choice
+
+
+def score(key: bytes, replica_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key + b"\0" + replica_id.encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous(replicas: Sequence[Replica], key: bytes) -> list[Replica]:
+    """The replicas in ``key``'s order of preference."""
+    return sorted(replicas, key=lambda r: score(key, r.id), reverse=True)
+
+
+def capacity(replicas: Sequence[Replica], balance: float = BALANCE) -> float:
+    """The most one replica may carry once this request is placed."""
+    total = sum(r.load for r in replicas) + 1
+    return math.ceil(balance * total / max(len(replicas), 1))
+
+
+def bounded(replicas: Sequence[Replica], key: bytes, balance: float = BALANCE) -> list[Replica]:
+    """``key``'s order, the first replica within capacity moved to the front."""
+    ordered = rendezvous(replicas, key)
+    cap = capacity(replicas, balance)
+    first = next((r for r in ordered if r.load + 1 <= cap), ordered[0] if ordered else None)
+    return [first, *(r for r in ordered if r is not first)] if first is not None else []

