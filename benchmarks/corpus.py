@@ -22,12 +22,13 @@ def word_list(tokenizer_dir: Path) -> list[str]:
     return words
 
 
-def make_corpus(words: list[str], size: int, seed: int = SEED) -> list[str]:
-    """``size`` sentences-ish texts; word counts uniform in [MIN_WORDS, MAX_WORDS]."""
+def make_corpus(words: list[str], size: int, seed: int = SEED, min_words: int = MIN_WORDS,
+                max_words: int = MAX_WORDS) -> list[str]:
+    """``size`` sentences-ish texts; word counts uniform in [min_words, max_words]."""
     rng = random.Random(seed)
     texts = []
     for _ in range(size):
-        count = rng.randint(MIN_WORDS, MAX_WORDS)
+        count = rng.randint(min_words, max_words)
         picked = rng.choices(words, k=count)
         text = " ".join(picked)
         texts.append(text[0].upper() + text[1:] + ".")

@@ -115,6 +115,7 @@ def summarize(spec: LoadSpec, phase: Phase, wall: float, cpu: float, warm: Phase
         "requests": len(phase.latencies),
         "errors": phase.errors,
         "warmup_errors": warm.errors,
+        "warmup_requests": len(warm.latencies),  # answered before the clock: a server's CPU counts them too
         "first_error": phase.first_error or warm.first_error,
         "duration_s": wall,
         "rps": len(phase.latencies) / wall if wall > 0 else 0.0,

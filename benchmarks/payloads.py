@@ -30,7 +30,18 @@ BUILDERS: dict[str, Callable[[str], bytes]] = {
 }
 
 
+def openai_embeddings(texts: list[str], model: str) -> bytes:
+    """OpenAI's ``POST /embeddings`` (this platform, Infinity, the sentence-transformers baseline), floats."""
+    return json.dumps({"model": model, "input": texts, "encoding_format": "float"}).encode()
+
+
 def encode_all(kind: str, texts: list[str]) -> list[bytes]:
-    """Every request body of the corpus, built before the load starts."""
+    """Every request body of the corpus, built before the load starts. ``embeddings:N:MODEL``: OpenAI
+    embeddings requests of N consecutive texts each (the corpus read as a ring) for ``MODEL``."""
+    if kind.startswith("embeddings:"):
+        _, size, model = kind.split(":", 2)
+        n = int(size)
+        return [openai_embeddings([texts[(i + k) % len(texts)] for k in range(n)], model)
+                for i in range(0, len(texts), n)]
     build = BUILDERS[kind]
     return [build(text) for text in texts]

@@ -6,7 +6,9 @@ concurrency level with the closed-loop load generator in its own process, and
 stops them before the next system starts, so no two systems share the cores.
 Writes ``<mode>.json``, ``<mode>.md`` and ``<mode>.png`` under benchmarks/results/.
 ``--workload LLM`` runs the LLM streaming benchmark instead (``benchmarks.llm``: platform against
-vLLM called directly; ``--concurrency`` gives its stream counts).
+vLLM called directly; ``--concurrency`` gives its stream counts); ``--workload LLM-ROUTING`` the routing
+policies side by side over two vLLM replicas (``benchmarks.llm_routing``); ``--workload EMB`` the embeddings one
+(``benchmarks.embeddings``: platform against Infinity, sentence-transformers and the ceiling).
 """
 from __future__ import annotations
 
@@ -200,6 +202,16 @@ def main(argv: list[str] | None = None) -> RunResult | None:
     if args.workload == "LLM":  # its own driver, table and plot: streams, TTFT and ITL (benchmarks/llm.py)
         from benchmarks import llm
         llm.main(["--out", str(args.out), *(["--streams", args.concurrency] if args.concurrency else [])])
+        return None
+    if args.workload == "LLM-ROUTING":  # its own driver, table and plot (benchmarks/llm_routing.py)
+        from benchmarks import llm_routing
+        llm_routing.main(["--out", str(args.out), *(["--quick"] if args.mode == "quick" and not args.concurrency
+                                                     else [])])
+        return None
+    if args.workload == "EMB":  # its own driver and table: sentences/s and tokens/s (benchmarks/embeddings.py)
+        from benchmarks import embeddings
+        embeddings.main(["--out", str(args.out), *(["--quick"] if args.mode == "quick" else []),
+                         *(["--clients", args.concurrency] if args.concurrency else [])])
         return None
     concurrency = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
     mode: Mode = resolve(args.mode, args.requests, concurrency)

@@ -67,6 +67,7 @@ def run_level(url: str, payload: str, corpus: Path, concurrency: int, warmup_s: 
     return {
         "concurrency": concurrency, "requests": ok, "errors": errors,
         "warmup_errors": 0 if warm is None else warm["status_errors"] + warm["socket_errors"],
+        "warmup_requests": 0 if warm is None else warm["requests"] - warm["status_errors"],
         "first_error": f"{errors} wrk errors (status >= 400 or socket)" if errors else None,
         "duration_s": wall, "rps": ok / wall if wall > 0 else 0.0,
         "p50_ms": data["p50_us"] / 1000, "p95_ms": data["p95_us"] / 1000, "p99_ms": data["p99_us"] / 1000,

@@ -19,6 +19,11 @@ class InputOutOfRange(PreprocessError):
     """A value or length past the model's own limits (vocabulary, positions): a 422 on every protocol."""
 
 
+class InputTooLarge(PreprocessError):
+    """More than an encoder endpoint takes: a text past the model's length when the request asked not to
+    truncate, or more texts than one request may carry. A 413, as TEI answers both."""
+
+
 class UserCodeTimeout(PreprocessError):
     """User code ran past the endpoint's deadline: a 504, and the worker stops waiting for it."""
 

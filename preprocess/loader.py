@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from preprocess.base import Processor
+from preprocess.encoder import EncoderProcessor, is_encoder
 from preprocess.passthrough import PassthroughProcessor
 from preprocess.tokenizer import TokenizerProcessor
 from preprocess.requirements import ensure_installed
@@ -81,7 +82,8 @@ def build_processor(spec: dict[str, Any], artifact_path: Callable[[str], Path], 
     kind = spec.get("kind") or "none"
     options = spec.get("options") or {}
     if kind == "tokenizer":
-        return TokenizerProcessor.from_options(unpack_tokenizer(artifact_path(spec["artifact"]), unpack_root), options)
+        built = EncoderProcessor if is_encoder(options) else TokenizerProcessor  # embeddings / rerank, or labels
+        return built.from_options(unpack_tokenizer(artifact_path(spec["artifact"]), unpack_root), options)
     if kind == "user":
         ensure_installed(list(options.get("requirements") or []), unpack_root.parent / "packages")
         if options.get("timeout_s") and context is not None:

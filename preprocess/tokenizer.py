@@ -61,17 +61,41 @@ class _RustTokenizer:
         pad = pad.get("content", "[PAD]") if isinstance(pad, dict) else pad
         pad_id = self.tok.token_to_id(pad)
         self.pad_id = pad_id if pad_id is not None else 0
+        self.max_length = max_length
         self.tok.enable_truncation(max_length)
         self.tok.enable_padding(pad_id=self.pad_id, pad_token=pad, pad_to_multiple_of=multiple)
 
-    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+    def _encodings(self, texts: list[str], pairs: list[str] | None) -> list[Any]:
         # encode_batch hands even one text to a thread pool; a single text is ~25% cheaper inline
-        encs = [self.tok.encode(texts[0])] if len(texts) == 1 else self.tok.encode_batch(texts)
+        if len(texts) == 1:
+            return [self.tok.encode(texts[0], pairs[0] if pairs else None)]
+        return self.tok.encode_batch(texts if pairs is None else list(zip(texts, pairs)))
+
+    @staticmethod
+    def _tensors(encs: list[Any]) -> dict[str, np.ndarray]:
         return {
             "input_ids": np.array([e.ids for e in encs], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encs], dtype=np.int64),
             "token_type_ids": np.array([e.type_ids for e in encs], dtype=np.int64),
         }
+
+    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
+        return self._tensors(self._encodings(texts, None))
+
+    def encode(self, texts: list[str], pairs: list[str] | None = None) -> tuple[dict[str, np.ndarray], list[bool]]:
+        """Tensors of texts (or of text pairs: [CLS] a [SEP] b [SEP]), and which were truncated."""
+        encs = self._encodings(texts, pairs)
+        return self._tensors(encs), [bool(e.overflowing) for e in encs]
+
+    def tokens(self, text: str, special: bool) -> list[tuple[int, str, bool, tuple[int, int]]]:
+        """(id, token, is special, character span) of each token of ``text``, untruncated (the event
+        loop's thread is the only one that tokenizes, so switching truncation off and on is safe)."""
+        self.tok.no_truncation()
+        try:
+            enc = self.tok.encode(text, add_special_tokens=special)
+        finally:
+            self.tok.enable_truncation(self.max_length)
+        return [(i, t, bool(s), o) for i, t, s, o in zip(enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets)]
 
 
 class _HfTokenizer:
@@ -82,10 +106,21 @@ class _HfTokenizer:
         self.max_length, self.multiple = max_length, multiple
         self.pad_id = self.tok.pad_token_id or 0
 
-    def __call__(self, texts: list[str]) -> dict[str, np.ndarray]:
-        enc = self.tok(texts, truncation=True, max_length=self.max_length, padding=True,
+    def __call__(self, texts: list[str], pairs: list[str] | None = None) -> dict[str, np.ndarray]:
+        enc = self.tok(texts, pairs, truncation=True, max_length=self.max_length, padding=True,
                        pad_to_multiple_of=self.multiple, return_tensors="np")
         return {k: np.asarray(v, dtype=np.int64) for k, v in enc.items()}
+
+    def encode(self, texts: list[str], pairs: list[str] | None = None) -> tuple[dict[str, np.ndarray], list[bool]]:
+        full = self.tok(texts, pairs, truncation=False)["input_ids"]
+        return self(texts, pairs), [len(ids) > self.max_length for ids in full]
+
+    def tokens(self, text: str, special: bool) -> list[tuple[int, str, bool, tuple[int, int]]]:
+        enc = self.tok(text, add_special_tokens=special, return_offsets_mapping=True,
+                       return_special_tokens_mask=True)
+        ids = enc["input_ids"]
+        return [(i, t, bool(s), tuple(o)) for i, t, s, o in zip(ids, self.tok.convert_ids_to_tokens(ids),
+                                                                   enc["special_tokens_mask"], enc["offset_mapping"])]
 
 
 def _read_json(path: Path) -> dict:
@@ -93,6 +128,12 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def load_tokenizer(directory: Path, max_length: int, multiple: int | None = None) -> Any:
+    """The folder's fast tokenizer (``tokenizer.json``) with the ``tokenizers`` library, else transformers'."""
+    kind = _RustTokenizer if (directory / "tokenizer.json").exists() else _HfTokenizer
+    return kind(directory, max_length, multiple)
 
 
 class TokenizerProcessor:
@@ -110,8 +151,7 @@ class TokenizerProcessor:
                  labels: list[str] | None = None, output: str | None = None, pad_to_multiple_of: int = 0) -> None:
         if pad_to_multiple_of and max_length % pad_to_multiple_of:
             raise ValueError(f"max_length {max_length} is not a multiple of pad_to_multiple_of {pad_to_multiple_of}")
-        kind = _RustTokenizer if (directory / "tokenizer.json").exists() else _HfTokenizer
-        self.encode = kind(directory, max_length, pad_to_multiple_of or None)
+        self.encode = load_tokenizer(directory, max_length, pad_to_multiple_of or None)
         self.labels = labels or []
         self.output = output
         # What pads each tensor, so an engine may batch requests of different lengths together:

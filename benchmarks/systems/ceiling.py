@@ -32,11 +32,13 @@ from benchmarks.systems.ort_session import classify, providers, session, tokeniz
 NAME = "ceiling"
 
 
-def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float, streams: int = 1) -> dict:
+def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float, streams: int = 1,
+                       infer=classify) -> dict:
     """``streams`` threads run batches of consecutive texts for ``seconds`` (at least 3 batches
-    each): texts/s and batch latency."""
+    each): texts/s and batch latency. ``infer(sess, tok, texts)``: one batch's work (a classifier's
+    by default; the embeddings benchmark pools instead: benchmarks/systems/embedding_ceiling.py)."""
     for start in range(0, 2 * batch, batch):  # warm-up: allocations for this shape range
-        classify(sess, tok, _take(texts, start, batch))
+        infer(sess, tok, _take(texts, start, batch))
     starts = itertools.count(0, batch)  # shared: the streams take the corpus in turn
     latencies: list[float] = []
     t_end = time.perf_counter() + seconds
@@ -45,17 +47,17 @@ def measure_batch_size(sess, tok, texts: list[str], batch: int, seconds: float, 
         mine = 0
         while time.perf_counter() < t_end or mine < 3:
             t = time.perf_counter()
-            classify(sess, tok, _take(texts, next(starts), batch))
+            infer(sess, tok, _take(texts, next(starts), batch))
             latencies.append(time.perf_counter() - t)
             mine += 1
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     run_threads(stream, streams)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     done = len(latencies) * batch
     lat = np.asarray(latencies) * 1000.0
     return {"concurrency": streams, "batch_size": batch, "requests": done, "errors": 0, "duration_s": wall,
-            "rps": done / wall, "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
+            "rps": done / wall, "cpu_ms_per_text": cpu * 1000.0 / done, "p50_ms": float(np.percentile(lat, 50)), "p95_ms": float(np.percentile(lat, 95)),
             "p99_ms": float(np.percentile(lat, 99)), "mean_ms": float(lat.mean())}
 
 
@@ -108,24 +110,32 @@ def merge(repeats: list[SystemResult]) -> SystemResult:
     return merged
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="in-process onnxruntime ceiling")
+def run_levels(argv: list[str] | None, description: str, batch_sizes: str, seconds: float,
+               infer=None) -> dict:
+    """The child process's command line and loop, shared by the classifier and the embeddings ceilings:
+    every thread layout, every batch size; ``infer`` is the batch work (the classifier's by default)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--onnx", type=Path, required=True)
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--batch-sizes", default="1,8,32")
-    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--batch-sizes", default=batch_sizes)
+    p.add_argument("--seconds", type=float, default=seconds)
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     args = p.parse_args(argv)
     tok, texts = tokenizer(args.tokenizer), read_corpus(args.corpus)
+    infer = infer or classify
     levels = []
     for threads, streams in layouts(args.cores):
         sess = session(args.onnx, threads)
         for b in args.batch_sizes.split(","):
-            levels.append({**measure_batch_size(sess, tok, texts, int(b), args.seconds, streams),
+            levels.append({**measure_batch_size(sess, tok, texts, int(b), args.seconds, streams, infer),
                            "intra_op_threads": threads})
-    print(json.dumps({"levels": levels, "providers": providers(), "layouts": layouts(args.cores)}))
+    return {"levels": levels, "layouts": layouts(args.cores)}
 
+
+def main(argv: list[str] | None = None) -> None:
+    out = run_levels(argv, "in-process onnxruntime ceiling", "1,8,32", 2.0)
+    print(json.dumps({"levels": out["levels"], "providers": providers(), "layouts": out["layouts"]}))
 
 SYSTEM = System(NAME, "onnxruntime in one process, no HTTP, best batch size with dynamic padding",
                 variants=(NAME,), measure=measure)

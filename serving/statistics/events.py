@@ -51,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from serving.statistics.embedding_events import EmbeddingCounts, parse_embedding
 from serving.statistics.llm_events import LlmTiming, parse_llm
 
 SCHEMA = "serving.statistics/v1"
@@ -78,6 +79,7 @@ class StatisticsEvent:
     refused: str | None = None  # why the client-key check refused the request (then nothing else ran)
     model_state: "ModelState | None" = None  # a load outcome of a worker process, not a request
     llm: LlmTiming | None = None  # a generation request's timings and token counts
+    embedding: EmbeddingCounts | None = None  # an encoder request's texts, tokens and batches
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -93,6 +95,8 @@ class StatisticsEvent:
             out["model_state"] = self.model_state.to_dict()
         if self.llm is not None:
             out["llm"] = self.llm.to_dict()
+        if self.embedding is not None:
+            out["embedding"] = self.embedding.to_dict()
         return out
 
 
@@ -132,9 +136,12 @@ class ShadowResult:
     mad: float | None = None    # mean absolute difference of logits / numbers
     dropped: bool = False       # not run: too many copies already under way
     agreement: float | None = None  # LLM copies: 1.0/0.0 exact text (greedy), else token overlap in [0, 1]
+    cosine: float | None = None  # embedding copies: the lowest cosine similarity to the live vectors, in [-1, 1]
 
     def to_dict(self) -> dict[str, Any]:
         out = {"live_version": self.live_version, "agree": self.agree, "mad": self.mad, "dropped": self.dropped}
+        if self.cosine is not None:
+            out["cosine"] = self.cosine
         return out if self.agreement is None else {**out, "agreement": self.agreement}
 
 
@@ -150,7 +157,20 @@ def _shadow(value: Any) -> ShadowResult | None:
     return ShadowResult(live_version=_version(value.get("live_version")),
                         agree=None if agree is None else bool(agree),
                         mad=None if mad is None else _finite(mad, "shadow.mad"),
-                        dropped=bool(value.get("dropped")), agreement=_agreement(value.get("agreement")))
+                        dropped=bool(value.get("dropped")), agreement=_agreement(value.get("agreement")),
+                        cosine=_cosine(value.get("cosine")))
+
+
+def _cosine(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise EventError(f"shadow.cosine is not a number: {value!r}") from exc
+    if not -1.0 <= number <= 1.0:
+        raise EventError("shadow.cosine must be between -1 and 1")
+    return number
 
 
 def _agreement(value: Any) -> float | None:
@@ -213,6 +233,7 @@ def parse_event(raw: Any) -> StatisticsEvent:
         custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
         key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
         model_state=_model_state(raw.get("model_state")), llm=parse_llm(raw.get("llm")),
+        embedding=parse_embedding(raw.get("embedding")),
     )
 
 

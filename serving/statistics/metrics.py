@@ -64,6 +64,7 @@ class RequestMetrics:
 
 
 AGREEMENT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+COSINE_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 MAD_BUCKETS = (0.0001, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -89,6 +90,9 @@ class ShadowMetrics:
                                        "LLM shadow copies: 1 when the text equals the live answer's (greedy requests), "
                                        "else the whitespace-token F1 of the two texts (docs/llm-rollouts.md).",
                                        labels, buckets=AGREEMENT_BUCKETS, registry=registry)
+        self.cosine = Histogram("serving_shadow_embedding_cosine",
+                                "Embedding shadow copies: the lowest cosine similarity of a copy's vectors to the live "
+                                "answer's (docs/embeddings.md).", labels, buckets=COSINE_BUCKETS, registry=registry)
         self._compared: set[tuple[str, str]] = set()
 
     def observe(self, event: StatisticsEvent) -> None:
@@ -110,6 +114,8 @@ class ShadowMetrics:
             self.mad.labels(*labels).observe(shadow.mad)
         if shadow.agreement is not None:
             self.llm_agreement.labels(*labels).observe(shadow.agreement)
+        if shadow.cosine is not None:
+            self.cosine.labels(*labels).observe(shadow.cosine)
 
 
 @dataclass

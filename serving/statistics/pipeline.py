@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serving.statistics.definitions import EndpointDefs, VariableDef, parse_snapshot
 from serving.statistics.drift import DriftConfig, DriftMonitor, SeriesKey
+from serving.statistics.embedding_metrics import EmbeddingMetrics
 from serving.statistics.events import Batch, EventError, StatisticsEvent, decode_batch, parse_event
 from serving.statistics.exporter import DriftCollector
 from serving.statistics.key_metrics import KeyMetrics
@@ -34,6 +35,7 @@ class StatisticsPipeline:
         self.keys = KeyMetrics(registry)
         self.models = ModelMetrics(registry)
         self.llm = LlmMetrics(registry)
+        self.embeddings = EmbeddingMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -114,6 +116,7 @@ class StatisticsPipeline:
             return
         self.requests.observe(event)
         self.llm.observe(event)
+        self.embeddings.observe(event.endpoint, event.version, event.embedding)
         defs = self.defs.get(event.endpoint)
         if defs is None or not event.custom:
             return

@@ -18,6 +18,7 @@ from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import routing
 from serving.worker.client_keys import ClientKeys
+from serving.worker.encoder_batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
 from serving.worker.errors import (BadRequest, ModelNotReady, NotFound, ServingError, UnknownEndpoint, Unavailable,
                                    Unprocessable, user_code_error)
@@ -81,6 +82,7 @@ class DataPlane:
         self.shadow = ShadowMirror(self._run, self.engines, lambda: self.recorder)
         self.keys = ClientKeys(on_refusal=self.refuse)  # front ends call keys.check (client_keys.py)
         self.version_stats = VersionStatistics()  # Triton's statistics extension (version_stats.py)
+        self.encoders = EncoderBatching(lambda: self.config.current)  # encoder endpoints' token batchers
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -126,6 +128,7 @@ class DataPlane:
         status = 500
         try:
             state: dict[str, Any] = {}
+            led: list[int] = []  # sizes of the token batches this request headed (encoder endpoints)
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
             if getattr(engine, "runs_user_process", False) and getattr(processor, "one_hop", False):
@@ -137,7 +140,8 @@ class DataPlane:
                     data = await engine.run(target, processor, data, state, stats.collect)
                 else:
                     target, outputs = await self._run(ep, target, data, pinned=version is not None,
-                                                      pad=getattr(processor, "pad_values", None))
+                                                      pad=getattr(processor, "pad_values", None),
+                                                      encoder=encoder_of(processor), led=led)
                     stats.version = target.version
                     data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs,
                                                                                             ep.declared_outputs)
@@ -145,6 +149,7 @@ class DataPlane:
                 answer = await processor.postprocess(data, state, stats.collect)
                 stats.stage("postprocess")
             status = 200
+            self._account(stats, processor, state, led)
             self.shadow.fire(copies, target, answer)
             return Answer(target, answer)
         except PreprocessError as exc:  # preprocess.py's deadline or refusal
@@ -188,18 +193,38 @@ class DataPlane:
             self._record(stats, status)
 
     async def _run(self, ep: EndpointRuntime, target: Target, data: Any, pinned: bool,
-                   pad: Mapping[str, int] | None = None) -> tuple[Target, dict[str, np.ndarray]]:
+                   pad: Mapping[str, int] | None = None, encoder: Any = None,
+                   led: list[int] | None = None) -> tuple[Target, dict[str, np.ndarray]]:
         """Run the routed version; while a freshly added canary is still loading, its share goes
-        to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails)."""
-        engine = self.engines[ep.engine]
+        to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails).
+        ``encoder``: an encoder endpoint's processor, whose rows go through its token batcher and
+        come back pooled (preprocess/encoder.py, serving/worker/token_batcher.py)."""
         try:
-            return target, await engine.infer(target, to_model_inputs(data, target.inputs, ep.declared_inputs), pad)
+            return target, await self._call(ep, target, data, pad, encoder, led)
         except ModelNotReady:
             fallback = next((t for t in ep.targets if t is not target and t.weight > 0 and not t.shadow), None)
             if pinned or fallback is None:
                 raise
-            inputs = to_model_inputs(data, fallback.inputs, ep.declared_inputs)
-            return fallback, await engine.infer(fallback, inputs, pad)
+            return fallback, await self._call(ep, fallback, data, pad, encoder, led)
+
+    async def _call(self, ep: EndpointRuntime, target: Target, data: Any, pad: Mapping[str, int] | None,
+                    encoder: Any, led: list[int] | None) -> dict[str, np.ndarray]:
+        engine = self.engines[ep.engine]
+        inputs = to_model_inputs(data, target.inputs, ep.declared_inputs)
+        if encoder is None:
+            return await engine.infer(target, inputs, pad)
+        lengths = np.asarray(data["attention_mask"]).sum(axis=1)
+        return await self.encoders.run(ep.name, engine, target, inputs, lengths, pad or {}, encoder, led)
+
+    def _account(self, stats: _Stats, processor: Any, state: dict[str, Any], led: list[int]) -> None:
+        """An encoder's request: its ``embedding`` counts in the event, with the token batches it
+        headed, and its tokens charged to its client key (tokens per minute)."""
+        encoder = encoder_of(processor)
+        if encoder is None:
+            return
+        counts = encoder.usage(state)
+        stats.extra["embedding"] = {**counts, "batches": list(led)}
+        self.keys.charge(stats.client, int(counts["tokens"]))
 
     def record(self, stats: "RequestStats", status: int) -> None:
         """The one statistics event of a request another path served (generation.py)."""

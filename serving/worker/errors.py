@@ -2,14 +2,14 @@
 the data plane says. Never a 500 with a traceback."""
 from __future__ import annotations
 
-from preprocess.base import PreprocessError, UserCodeTimeout
+from preprocess.base import InputTooLarge, PreprocessError, UserCodeTimeout
 from serving.errors import (BadGateway, BadRequest, Forbidden, GatewayTimeout, NotFound, PayloadTooLarge,
                             ServiceError, TooManyRequests, Unauthorized, Unavailable, Unprocessable,
                             UnsupportedMediaType)
 
 ServingError = ServiceError  # the name the worker's modules use
 
-__all__ = ["BadGateway", "BadRequest", "Forbidden", "GatewayTimeout", "ModelNotReady", "NotFound",
+__all__ = ["BadGateway", "BadRequest", "Forbidden", "GatewayTimeout", "ModelNotReady", "NotFound", "TooLarge",
            "PayloadTooLarge", "ServingError", "TooManyRequests", "Unauthorized", "Unavailable", "UnknownEndpoint",
            "Unprocessable", "UnsupportedMediaType", "brief", "user_code_error"]
 
@@ -40,8 +40,16 @@ class ModelNotReady(Unavailable):
     """The engine has not loaded this model version yet (a canary just added, Triton restarting)."""
 
 
+class TooLarge(PayloadTooLarge):
+    """More than an encoder endpoint takes (a text past the model's length without truncation, more
+    texts than a request may carry): a 413 as TEI answers it; OpenAI's front end words it its way."""
+
+
 def user_code_error(exc: PreprocessError) -> ServingError:
-    """What the client sees when preprocess.py failed: its deadline passed (504), or it refused the input (422)."""
+    """What the client sees when preprocessing failed: its deadline passed (504), more than the endpoint
+    takes (413), or it refused the input (422)."""
     if isinstance(exc, UserCodeTimeout):
         return GatewayTimeout(str(exc))
+    if isinstance(exc, InputTooLarge):
+        return TooLarge(str(exc))
     return Unprocessable(str(exc))

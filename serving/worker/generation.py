@@ -24,6 +24,7 @@ from preprocess.base import PreprocessError
 from serving.worker.dataplane import DataPlane, RequestStats
 from serving.worker.errors import BadRequest, NotFound, ServingError, user_code_error
 from serving.worker.generation_timing import GenerationTimer
+from serving.worker.llm.hints import route_hint
 from serving.worker.llm_shadow import LlmShadow, StreamText, choice_texts
 from serving.worker.runtime import EndpointRuntime, Target
 
@@ -81,8 +82,9 @@ class Generation:
         return ep
 
     async def run(self, route: str, request: dict[str, Any], routing_key: str | None = None,
-                  client: str | None = None) -> Generated:
-        """``request``: a validated OpenAI request; ``client``: the key's name (the caller checked it)."""
+                  client: str | None = None, session: str | None = None) -> Generated:
+        """``request``: a validated OpenAI request; ``client``: the key's name (the caller checked it);
+        ``session``: the ``X-Session-Id`` header (the ``session`` routing policy's key)."""
         name, version = split_model(request["model"])
         ep = self.llm_endpoint(name)
         target = self.dataplane.route(ep, version, routing_key)
@@ -96,16 +98,17 @@ class Generation:
             stats.stage("preprocess")
             await _check_context(engine, target, route, request)
             copies = self.shadow.pick(ep, route, request) if version is None else None
+            hint = route_hint(engine.tokens, target, route, request, session)
             if request.get("stream"):
                 wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
                 upstream = {**request, "stream_options": {**(request.get("stream_options") or {}),
                                                           "include_usage": True}}
-                stream = await engine.stream(target, route, upstream)
+                stream = await engine.stream(target, route, upstream, hint)
                 streaming = True
                 timer = GenerationTimer(stats.t0, stream=True)
                 return Generated(target, events=self._relay(stream, stats, wants_usage, timer,
                                                             lambda texts: self.shadow.fire(copies, target, route, texts)))
-            answer = await engine.post(target, route, request)
+            answer = await engine.post(target, route, request, hint)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
             stats.extra["usage"] = _usage(answer.get("usage"))

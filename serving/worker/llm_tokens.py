@@ -77,6 +77,16 @@ def tokenizer_folder(artifact: Path, unpack_root: Path) -> Path:
     return dest
 
 
+def _rendered(tokenizer: Any, request: dict[str, Any]) -> str | None:
+    """A chat's messages in the model's chat template, as vLLM renders them (None: no template)."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = [{**m, "content": _text(m.get("content"))} for m in request["messages"]]
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=request.get("add_generation_prompt", True),
+                                         **(request.get("chat_template_kwargs") or {}))
+
+
 def _text(content: Any) -> Any:
     if isinstance(content, list):
         return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
@@ -95,11 +105,11 @@ class PromptCounter:
 
     def prepare(self, target: Target) -> None:
         """Load the version's tokenizer when the config is applied (never on a request)."""
-        if target.artifact:
-            self._load(target.artifact)
+        if target.tokenizer_artifact:
+            self._load(target.tokenizer_artifact)
 
     def retain(self, targets: Iterable[Target]) -> None:
-        keep = {t.artifact for t in targets}
+        keep = {t.tokenizer_artifact for t in targets}
         with self._lock:
             for artifact in set(self._tokenizers) - keep:
                 del self._tokenizers[artifact]
@@ -117,21 +127,43 @@ class PromptCounter:
 
     def loaded(self, target: Target) -> bool:
         """Counting for ``target`` needs no file read (its tokenizer is loaded, or it has none)."""
-        return not target.artifact or target.artifact in self._tokenizers
+        return not target.tokenizer_artifact or target.tokenizer_artifact in self._tokenizers
 
     def tokenizer(self, target: Target) -> Any:
-        """The version's tokenizer, or None when it has no artifact (an external engine's model)."""
-        return self._load(target.artifact) if target.artifact else None
+        """The version's tokenizer (a LoRA adapter's base's), or None when it has no artifact."""
+        return self._load(target.tokenizer_artifact) if target.tokenizer_artifact else None
 
     def chat(self, target: Target, request: dict[str, Any]) -> int | None:
         tokenizer = self.tokenizer(target)
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        text = _rendered(tokenizer, request)
+        return None if text is None else len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def leading(self, target: Target, route: str, request: dict[str, Any], count: int) -> list[int] | None:
+        """The first ``count`` token ids of the prompt as the engine tokenizes it (fewer when it is
+        shorter; the first prompt of several), for prefix routing: only a head of the text is tokenized,
+        widened until it gives more than ``count`` tokens (the last token of a cut may differ, so it is
+        never used)."""
+        tokenizer = self.tokenizer(target)
+        if tokenizer is None:
             return None
-        messages = [{**m, "content": _text(m.get("content"))} for m in request["messages"]]
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=request.get("add_generation_prompt", True),
-                                             **(request.get("chat_template_kwargs") or {}))
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if route == "chat/completions":
+            text, special = _rendered(tokenizer, request), False
+        else:
+            prompt = request.get("prompt")
+            first = prompt[0] if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else prompt
+            if isinstance(first, list):
+                return [int(t) for t in first[:count]]
+            text, special = first, True
+        if not isinstance(text, str):
+            return None
+        chars = count * 4
+        while True:
+            ids = tokenizer(text[:chars], add_special_tokens=special)["input_ids"]
+            if chars >= len(text):
+                return ids[:count]
+            if len(ids) > count:
+                return ids[:count]
+            chars *= 2
 
     def prompts(self, target: Target, prompt: Any) -> list[int] | None:
         """The length of each prompt of a completion request (a string, token ids, or lists of them)."""

@@ -54,6 +54,9 @@ class CompletionRequest(_Generate):
 class EmbeddingRequest(_Open):
     model: str = Field(min_length=1)
     input: Prompt
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    truncate: bool | None = None  # TEI's name, taken on encoder endpoints (docs/embeddings.md)
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"chat/completions": ChatRequest, "completions": CompletionRequest,

@@ -34,6 +34,7 @@ class Target:
     # (max_model_len, architectures, chat_template); not part of the target's identity
     engine_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     llm: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    lora: Mapping[str, Any] = field(default_factory=dict, compare=False)  # a LoRA adapter's: rank, base, ...
 
     @classmethod
     def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None,
@@ -44,11 +45,18 @@ class Target:
                    inputs=tuple(sig.get("inputs") or ()), outputs=tuple(sig.get("outputs") or ()),
                    max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"),
                    framework=_format(t.get("framework"), batching),
-                   engine_options=dict(engine_options or {}), llm=dict(sig.get("llm") or {}))
+                   engine_options=dict(engine_options or {}), llm=dict(sig.get("llm") or {}),
+                   lora=dict(sig.get("lora") or {}))
 
     @property
     def shadow(self) -> bool:
         return self.role == "shadow"
+
+    @property
+    def tokenizer_artifact(self) -> str:
+        """The folder whose tokenizer counts this version's prompts: a LoRA adapter's base's."""
+        base = self.lora.get("base")
+        return str(base.get("artifact") or "") if isinstance(base, Mapping) else self.artifact
 
     @cached_property
     def padded(self) -> dict[str, int]:

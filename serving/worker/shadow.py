@@ -16,7 +16,10 @@ Comparison (``compare``): answers with labels (the built-in tokenizer's ``label`
 one or ``predictions``) agree when every label is the same, and ``mad`` is the mean absolute
 difference of their logits; any other answer agrees when it is the same JSON, and ``mad`` is the
 mean absolute difference of its numbers when both have the same count. v2 tensors agree when
-the argmax over the last axis of every output is the same (a classifier's label).
+the argmax over the last axis of every output is the same (a classifier's label). Embeddings
+(an encoder endpoint's ``embedding``/``embeddings``) agree when every pair of vectors has a cosine
+similarity of at least ``COSINE_AGREE``, and the event carries the lowest (``cosine``); a
+cross-encoder's ``scores`` agree when they rank the texts in the same order.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import numpy as np
 import orjson
 
 from preprocess.base import PreprocessError, UserCodeTimeout
+from serving.worker.encoder_batching import encoder_of
 from serving.worker.errors import ServingError
 from serving.worker.runtime import EndpointRuntime, Target
 
@@ -45,6 +49,7 @@ RunTarget = Callable[..., Awaitable[tuple[Target, Any]]]
 log = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 16  # copies running at once per worker process; more are dropped
+COSINE_AGREE = 0.99  # two embeddings of a text agree at or above this cosine similarity
 
 
 @dataclass
@@ -145,13 +150,16 @@ class ShadowMirror:
         except Exception:
             log.exception("shadow copy to %s version %s failed", copies.ep.name, target.version)
         latency = time.perf_counter() - t0
-        agree = mad = None
+        result: dict[str, Any] = {"agree": None, "mad": None}
         if status == 200:
             try:
-                agree, mad = (compare_tensors if copies.tensors else compare)(live_answer, answer)
+                result["agree"], result["mad"] = (compare_tensors if copies.tensors else compare)(live_answer, answer)
+                cosine = None if copies.tensors else embedding_cosine(live_answer, answer)
+                if cosine is not None:
+                    result["cosine"] = cosine
             except Exception:
                 log.exception("shadow: comparing answers failed")
-        self.record(copies.ep, target, live, status, latency, stages, {"agree": agree, "mad": mad})
+        self.record(copies.ep, target, live, status, latency, stages, result)
 
     async def _serve(self, ep: EndpointRuntime, target: Target, body: Any, stage: Callable[[str], None]) -> Any:
         """The data plane's preprocess -> engine -> postprocess, for the shadow version only."""
@@ -167,7 +175,8 @@ class ShadowMirror:
             data = await engine.run(target, processor, data, state, ignore)
         else:
             _, outputs = await self.run_target(ep, target, data, pinned=True,
-                                               pad=getattr(processor, "pad_values", None))
+                                               pad=getattr(processor, "pad_values", None),
+                                               encoder=encoder_of(processor))
             data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs, ep.declared_outputs)
         stage("inference")
         answer = await processor.postprocess(data, state, ignore)
@@ -226,8 +235,37 @@ def _json(value: Any) -> bytes:
     return orjson.dumps(value, default=str, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS)
 
 
+def _vectors(answer: Any) -> np.ndarray | None:
+    """An encoder endpoint's embeddings as rows, or None for any other answer."""
+    if not isinstance(answer, dict):
+        return None
+    value = answer.get("embeddings", answer.get("embedding"))
+    if value is None:
+        return None
+    rows = np.asarray(value, dtype=np.float64)
+    return rows.reshape(1, -1) if rows.ndim == 1 else rows
+
+
+def embedding_cosine(live: Any, shadow: Any) -> float | None:
+    """The lowest cosine similarity between the two answers' embeddings of the same text (None: not
+    embeddings, or of different shapes: a shadow of other dimensions cannot be compared)."""
+    a, b = _vectors(live), _vectors(shadow)
+    if a is None or b is None or a.shape != b.shape or not a.size:
+        return None
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    cosine = float(np.min((a * b).sum(axis=1) / np.maximum(norms, 1e-12)))
+    return max(-1.0, min(1.0, cosine)) if math.isfinite(cosine) else None
+
+
 def compare(live: Any, shadow: Any) -> tuple[bool, float | None]:
     """(agree, mean absolute difference) of two /serve answers."""
+    cosine = embedding_cosine(live, shadow)
+    if cosine is not None:
+        return cosine >= COSINE_AGREE, mean_abs_diff(_vectors(live), _vectors(shadow))
+    if isinstance(live, dict) and isinstance(shadow, dict) and "scores" in live and "scores" in shadow:
+        a, b = np.asarray(live["scores"], dtype=np.float64), np.asarray(shadow["scores"], dtype=np.float64)
+        if a.shape == b.shape:
+            return bool(np.array_equal(np.argsort(-a, kind="stable"), np.argsort(-b, kind="stable"))), mean_abs_diff(a, b)
     live_labels, shadow_labels = _field(live, "label"), _field(shadow, "label")
     if live_labels is not None and shadow_labels is not None:
         live_logits, shadow_logits = _field(live, "logits"), _field(shadow, "logits")

@@ -41,9 +41,9 @@ class Stack:
     def worker_url(self, i: int = 0) -> str:
         return f"http://127.0.0.1:{self.worker_ports[i]}"
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess:
         res = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
             raise AssertionError(f"serving {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res

@@ -3,15 +3,20 @@
 The worker keeps what it does for every endpoint (routing, keys, preprocess, statistics:
 serving/worker/generation.py) and forwards the OpenAI request over HTTP (aiohttp, one pooled session
 per worker process: its C parser costs a streamed token about half the CPU httpx's stack did,
-measured in docs/benchmarks.md). Where a version's engine is:
+measured in docs/benchmarks.md). Where a version's engines are (each may have several replicas, serving/worker/llm/replicas.py):
 
-- external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``), its
+- external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``, or
+  several, comma-separated; names resolved to every address, serving/worker/llm/external.py), its
   model named ``served_model_name`` there (default: the model's name);
-- embedded: the launcher (``serving llm``, started by ``serving up``) runs one vLLM server per model
-  version and set of launch options, and maps its key (serving/llm/naming.py: ``"<model>:<version>"``,
-  ``@<hash>`` added for options) to its URL and state at ``SERVING_LLM_LAUNCHER_URL/engines``.
-  The map is asked again at most once a second, and at once after a connection to an engine failed
-  (a restarted engine comes back on another port).
+- embedded: the launcher (``serving llm``, started by ``serving up``) runs ``replicas`` vLLM servers per
+  model version and set of launch options, and maps their key (serving/llm/naming.py:
+  ``"<model>:<version>"``, ``@<hash>`` added for options) to each replica's URL and state at
+  ``SERVING_LLM_LAUNCHER_URL/engines``. The map is asked again at most once a second, and at once after
+  a connection to an engine failed (a restarted engine may come back elsewhere).
+
+Which replica gets a request is the endpoint's routing policy's choice (``routing`` option,
+serving/worker/llm/routing/); should its connection fail before any byte of the answer, the next replica
+in the policy's order gets it, and the failed one is taken out until its ``/health`` answers.
 
 The request's ``model`` (what the client named: the endpoint, or ``endpoint/version``) is rewritten
 to the engine's served name on the way in, and back in answers and the engine's error messages. An
@@ -37,9 +42,12 @@ import aiohttp
 import httpx
 import orjson
 
-from serving.llm.naming import engine_key
+from serving.llm.naming import adapter_name, target_engine
 from serving.worker.engines.sse import DONE, SseEvent, read_events
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
+from serving.worker.llm.external import ExternalReplicas
+from serving.worker.llm.replicas import Member, ReplicaSet
+from serving.worker.llm.routing.base import Replica, RouteHint
 from serving.worker.llm_tokens import PromptCounter
 from serving.worker.runtime import Target
 
@@ -63,8 +71,14 @@ class Upstream:
 
 
 def served_name(target: Target) -> str:
-    """The launcher's key of this version's engine (its options decide which engine, not only the version)."""
-    return engine_key(target.model, target.version, target.engine_options)
+    """The launcher's key of this version's engine (its options decide which engine, not only the version;
+    a LoRA adapter's is its base's)."""
+    return target_engine(target.model, target.version, {"lora": target.lora}, target.engine_options)
+
+
+def adapter_of(target: Target) -> str | None:
+    """A LoRA adapter version's name in its base's engines; None for any other version."""
+    return adapter_name(target.model, target.version) if target.lora.get("base") else None
 
 
 class VllmEngine:
@@ -79,6 +93,8 @@ class VllmEngine:
         self._fresh: aiohttp.ClientSession | None = None  # never pooled: the one retry of a stale connection
         self._map: dict[str, Any] = {}
         self._map_at = 0.0
+        self._sets: dict[str, ReplicaSet] = {}               # per engine key, or external url setting
+        self._external: dict[str, ExternalReplicas] = {}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:  # in the worker's event loop, on first use
@@ -106,11 +122,14 @@ class VllmEngine:
     def is_ready(self, target: Target) -> bool:
         """From the readiness gate's thread: external engines by their /health, embedded ones by the
         launcher's state (``ready`` once the engine's /health answered)."""
+        url = target.engine_options.get("url")
+        if url:
+            return any(_answers(_health(one)) for one in str(url).split(","))
         try:
-            url = target.engine_options.get("url")
-            if url:
-                return httpx.get(_health(url), timeout=2.0).status_code == 200
             entry = httpx.get(f"{self.launcher_url}/engines", timeout=2.0).json()["engines"].get(served_name(target))
+            adapter = adapter_of(target)
+            if adapter is not None:  # loaded on a ready replica
+                return any(m.ready and adapter in m.adapters for m in _members(entry))
             return bool(entry) and entry.get("state") == "ready"
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
             return False
@@ -119,19 +138,50 @@ class VllmEngine:
         return await asyncio.to_thread(self.is_ready, target)
 
     async def close(self) -> None:
+        for replicas in self._sets.values():
+            await replicas.close()
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
 
-    # --- where a version's engine is ----------------------------------------------------
-    async def upstream(self, target: Target) -> Upstream:
-        options = target.engine_options
-        if options.get("url"):
-            return Upstream(str(options["url"]).rstrip("/"), str(options.get("served_model_name") or target.model))
-        name = served_name(target)
-        entry = (await self._engines(fresh=False)).get(name)
-        if not entry or entry.get("state") != "ready":  # the cached map may be older than the engine's start
-            entry = (await self._engines(fresh=True)).get(name)
+    # --- where a version's engines are -----------------------------------------------------
+    async def route(self, target: Target, hint: RouteHint | None = None) -> Route:
+        """The replicas to try for this request, in its endpoint's policy's order (at least one)."""
+        if target.engine_options.get("url"):
+            replicas, served, adapter = await self._external_replicas(target)
+        else:
+            replicas, served, adapter = await self._embedded_replicas(target)
+        order = replicas.order(target.engine_options.get("routing"), hint or RouteHint(), adapter)
+        if not order:
+            what = f"adapter {adapter} is loaded on no ready replica" if adapter else "no replica is ready"
+            raise Unavailable(f"the LLM engine of model {served_name(target)}: {what} yet", retry_after_s=RETRY_AFTER_S)
+        return Route(replicas, order, served)
+
+    async def _external_replicas(self, target: Target) -> tuple[ReplicaSet, str, None]:
+        setting = str(target.engine_options["url"])
+        source = self._external.get(setting) or self._external.setdefault(setting, ExternalReplicas(setting))
+        replicas = self._set(setting)
+        replicas.update(await source.members())
+        return replicas, str(target.engine_options.get("served_model_name") or target.model), None
+
+    async def _embedded_replicas(self, target: Target) -> tuple[ReplicaSet, str, str | None]:
+        """The launcher's replicas of the version's engine (its base's, for a LoRA adapter: then the
+        request names the adapter there, and only replicas holding it take it)."""
+        key, adapter = served_name(target), adapter_of(target)
+        replicas = self._set(key)
+        entry = (await self._engines(fresh=False)).get(key)
+        if not _serving(entry, adapter):  # the cached map may be older than the engine's start
+            entry = (await self._engines(fresh=True)).get(key)
+        self._check(key, entry)
+        replicas.update(_members(entry))
+        return replicas, adapter or key, adapter
+
+    def _set(self, name: str) -> ReplicaSet:
+        if name not in self._sets:
+            self._sets[name] = ReplicaSet(name, self.session)
+        return self._sets[name]
+
+    def _check(self, name: str, entry: dict[str, Any] | None) -> None:
         if not entry:
             raise Unavailable(f"no LLM engine runs model {name} yet (the launcher at {self.launcher_url} "
                               "has not started it)", retry_after_s=RETRY_AFTER_S)
@@ -139,7 +189,6 @@ class VllmEngine:
             why = f": {entry['error']}" if entry.get("error") else ""
             raise Unavailable(f"the LLM engine of model {name} is {entry.get('state')}{why}",
                               retry_after_s=RETRY_AFTER_S)
-        return Upstream(str(entry["url"]).rstrip("/"), str(entry.get("served_model_name") or name))
 
     async def _engines(self, fresh: bool) -> dict[str, Any]:
         if not fresh and time.monotonic() - self._map_at < MAP_TTL_S:
@@ -155,37 +204,69 @@ class VllmEngine:
         return self._map
 
     # --- requests ---------------------------------------------------------------------------
-    async def post(self, target: Target, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post(self, target: Target, route: str, body: dict[str, Any],
+                   hint: RouteHint | None = None) -> dict[str, Any]:
         """A non-streaming call (``route``: ``chat/completions``, ``completions``, ``embeddings``);
         ``body["model"]``: the client's name of the model, put back in the answer."""
-        response, up = await self._send(target, route, body)
-        raw = await self._read(target, response)
+        response, up, done = await self._send(target, route, body, hint)
+        try:
+            raw = await self._read(target, response)
+        finally:
+            done()
         if response.status != 200:
             raise _refused(response.status, raw, up, target, body["model"])
         return _decode(raw, up, target, body["model"])
 
-    async def stream(self, target: Target, route: str, body: dict[str, Any]) -> "EngineStream":
+    async def stream(self, target: Target, route: str, body: dict[str, Any],
+                     hint: RouteHint | None = None) -> "EngineStream":
         """Open a streaming call; an error before the first event is raised here, with its status."""
-        response, up = await self._send(target, route, body)
+        response, up, done = await self._send(target, route, body, hint)
         if response.status != 200:
-            raise _refused(response.status, await self._read(target, response), up, target, body["model"])
-        return EngineStream(response, up, body["model"], lambda exc: self._failed(target, exc))
-
-    async def _send(self, target: Target, route: str, body: dict[str, Any]) -> tuple[aiohttp.ClientResponse, Upstream]:
-        """One call to the engine, up to its status line; a call cancelled on the way (the client left)
-        closes its connection, which is how the engine learns to stop."""
-        up = await self.upstream(target)
-        url, data, sent = f"{up.url}/{route}", _encode(body, up), {"reused": False}
-        try:
             try:
-                return await self.session().post(url, data=data, trace_request_ctx=sent), up
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                if isinstance(exc, aiohttp.ClientConnectorError) or not sent["reused"]:
-                    raise
-            # a pooled connection the engine closed as it was reused: nothing answered, so once more, anew
-            return await self.fresh_session().post(url, data=data), up
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._failed(target, exc) from None
+                raw = await self._read(target, response)
+            finally:
+                done()
+            raise _refused(response.status, raw, up, target, body["model"])
+        return EngineStream(response, up, body["model"], lambda exc: self._failed(target, exc), done)
+
+    async def _send(self, target: Target, route: str, body: dict[str, Any],
+                    hint: RouteHint | None) -> tuple[aiohttp.ClientResponse, Upstream, Callable[[], None]]:
+        """One call, up to its status line, on the first replica of the route that answers. A replica
+        whose connection fails before any byte of the answer is taken out and the next one tried (nothing
+        was answered, so the engine generated nothing the client will see twice); a call that timed out
+        waiting for its answer is not sent again (the engine may be generating it). A call cancelled on
+        the way (the client left) closes its connection, which is how the engine learns to stop."""
+        path = await self.route(target, hint)
+        data, last = _encode(body, path.served), None
+        for replica in path.order:
+            replica.in_flight += 1
+            try:
+                response = await self._post(f"{replica.url}/{route}", data)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                replica.in_flight -= 1
+                if not _before_answer(exc):
+                    raise self._failed(target, exc) from None
+                path.replicas.take_out(replica, exc)
+                self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
+                last = exc
+                continue
+            except BaseException:
+                replica.in_flight -= 1
+                raise
+            if replica is not path.order[0]:
+                path.replicas.failovers += 1
+            return response, Upstream(replica.url, path.served), _once(replica)
+        raise self._failed(target, last or ConnectionError("no replica")) from None
+
+    async def _post(self, url: str, data: bytes) -> aiohttp.ClientResponse:
+        """On a pooled connection; one the engine closed just as it was reused is sent once more anew."""
+        sent = {"reused": False}
+        try:
+            return await self.session().post(url, data=data, trace_request_ctx=sent)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError) or not sent["reused"]:
+                raise
+        return await self.fresh_session().post(url, data=data)
 
     async def _read(self, target: Target, response: aiohttp.ClientResponse) -> bytes:
         try:
@@ -220,8 +301,8 @@ class EngineStream:
     upstream connection."""
 
     def __init__(self, response: aiohttp.ClientResponse, up: Upstream, public: str,
-                 failed: Callable[[Exception], ServingError]) -> None:
-        self.response, self.up, self.public, self.failed = response, up, public, failed
+                 failed: Callable[[Exception], ServingError], done: Callable[[], None] = lambda: None) -> None:
+        self.response, self.up, self.public, self.failed, self.done = response, up, public, failed, done
         self._served_field = b'"model":' + orjson.dumps(up.served_model_name)
         self._public_field = b'"model":' + orjson.dumps(public)
 
@@ -253,10 +334,58 @@ class EngineStream:
     async def aclose(self) -> None:
         """A stream read to its end keeps its connection for the next call; one cut short closes it,
         and the engine aborts the generation."""
+        self.done()
         if self.response.content.at_eof():
             self.response.release()
         else:
             self.response.close()
+
+    def __del__(self) -> None:  # a stream never read (its client left first) still frees its replica's count
+        self.done()
+
+
+@dataclass
+class Route:
+    replicas: ReplicaSet
+    order: list[Replica]    # the replicas to try, first choice first
+    served: str             # the model's name at these engines
+
+
+def _once(replica: Replica) -> Callable[[], None]:
+    """The end of a request on ``replica``, counted once however often it is called."""
+    state = {"open": True}
+
+    def done() -> None:
+        if state["open"]:
+            state["open"] = False
+            replica.in_flight -= 1
+            replica.answered += 1
+    return done
+
+
+def _before_answer(exc: BaseException) -> bool:
+    """The connection failed before any byte of an answer: refused, reset, closed, or not made in time.
+    A read that timed out waiting for the answer is not one (the engine may be generating it)."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return True
+    if isinstance(exc, (aiohttp.ServerTimeoutError, asyncio.TimeoutError)):
+        return False
+    return isinstance(exc, aiohttp.ClientConnectionError)
+
+
+def _serving(entry: dict[str, Any] | None, adapter: str | None = None) -> bool:
+    if not entry or entry.get("state") != "ready":
+        return False
+    return adapter is None or any(m.ready and adapter in m.adapters for m in _members(entry))
+
+
+def _members(entry: dict[str, Any] | None) -> list[Member]:
+    """The launcher's replicas of an engine (one, at its ``url``, from a launcher that lists none)."""
+    if not entry:
+        return []
+    listed = entry.get("replicas") or [{"id": "0", "url": entry["url"], "state": entry.get("state")}]
+    return [Member(str(r["id"]), str(r["url"]).rstrip("/"), r.get("state") == "ready",
+                   frozenset(r.get("adapters") or ())) for r in listed]
 
 
 def _reuse_trace() -> aiohttp.TraceConfig:
@@ -270,13 +399,20 @@ def _reuse_trace() -> aiohttp.TraceConfig:
     return trace
 
 
+def _answers(health_url: str) -> bool:
+    try:
+        return httpx.get(health_url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _health(base_url: str) -> str:
     root = base_url.rstrip("/")
     return (root[:-3] if root.endswith("/v1") else root) + "/health"
 
 
-def _encode(body: dict[str, Any], up: Upstream) -> bytes:
-    return orjson.dumps({**body, "model": up.served_model_name})
+def _encode(body: dict[str, Any], served: str) -> bytes:
+    return orjson.dumps({**body, "model": served})
 
 
 def _decode(raw: bytes, up: Upstream, target: Target, public: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """OpenAI's API on the workers, at ``/serve/openai/v1/``: a thin front end over generation.py.
 
-``chat/completions``, ``completions``, ``embeddings`` (where the engine serves them) and ``models``
-(the LLM endpoints). ``model`` names the endpoint. What this module does is the wire only: read the
+``chat/completions``, ``completions``, ``embeddings`` (an LLM engine's, or an encoder endpoint's:
+openai_embeddings.py) and ``models`` (the LLM and encoder endpoints). ``model`` names the endpoint. What this module does is the wire only: read the
 body under the size limit, check its shape (openai_schema.py), check the client key, answer JSON or
 pass Server-Sent Events on as they come, and write every error in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}`` with its status, never FastAPI's ``{"detail"}``.
@@ -18,10 +18,12 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from serving.worker.errors import PayloadTooLarge, ServingError
+from serving.worker.errors import PayloadTooLarge, ServingError, TooLarge
 from serving.worker.frontends.body import json_response, parse_json, read_body
+from serving.worker.frontends.openai_embeddings import embed, encoder_task
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER
 from serving.worker.generation import CLIENT_CLOSED, ROUTES, Generation, InvalidRequest, split_model
+from serving.worker.llm.hints import SESSION_HEADER
 from serving.worker.openai_schema import checked
 
 PREFIX = "/serve/openai/v1"
@@ -34,7 +36,9 @@ T = TypeVar("T")
 
 def openai_error(exc: ServingError) -> Response:
     """Any of the worker's errors in OpenAI's shape; an engine's own error object is kept as it said it."""
-    if isinstance(exc, PayloadTooLarge):  # OpenAI answers an oversized request with a 400
+    if isinstance(exc, TooLarge):  # an input past the model's length, or too many inputs
+        exc = InvalidRequest(exc.message, param="input", code="context_length_exceeded")
+    elif isinstance(exc, PayloadTooLarge):  # OpenAI answers an oversized request with a 400
         exc = InvalidRequest(exc.message, code="request_too_large")
     status = exc.status
     error: dict[str, Any] = {"message": exc.message, "type": _TYPES.get(status, "server_error"),
@@ -98,19 +102,22 @@ def openai_router(generation: Generation, max_body_bytes: int) -> APIRouter:
     router = APIRouter(prefix=PREFIX, include_in_schema=False)
     keys = generation.dataplane.keys
 
+    async def read(request: Request, route: str) -> dict[str, Any]:
+        doc = parse_json(await read_body(request, max_body_bytes))
+        try:
+            return checked(route, doc)
+        except InvalidRequest as exc:  # counted in the endpoint's error rate, when it names one
+            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
+                generation.dataplane.reject(split_model(doc["model"])[0], exc.status)
+            raise
+
     async def generate(request: Request, route: str) -> Response:
         try:
-            doc = parse_json(await read_body(request, max_body_bytes))
-            try:
-                checked(route, doc)
-            except InvalidRequest as exc:  # counted in the endpoint's error rate, when it names one
-                if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-                    generation.dataplane.reject(split_model(doc["model"])[0], exc.status)
-                raise
+            doc = await read(request, route)
             name, _ = split_model(doc["model"])
             client = keys.check_authorization(request.headers.get("authorization"), name)
             done = await until_disconnect(request, generation.run(route, doc, request.headers.get(ROUTING_HEADER),
-                                                                  client))
+                                                                  client, request.headers.get(SESSION_HEADER)))
         except ServingError as exc:
             return openai_error(exc)
         headers = {VERSION_HEADER: str(done.target.version)}
@@ -129,13 +136,36 @@ def openai_router(generation: Generation, max_body_bytes: int) -> APIRouter:
 
     @router.post("/embeddings")
     async def embeddings(request: Request) -> Response:
-        return await generate(request, "embeddings")
+        try:
+            doc = await read(request, "embeddings")
+            name, _ = split_model(doc["model"])
+            client = keys.check_authorization(request.headers.get("authorization"), name)
+            ep = generation.dataplane.endpoint(name)
+            routing = request.headers.get(ROUTING_HEADER)
+            if generation.is_llm(ep):  # the engine's own embeddings
+                done = await until_disconnect(request, generation.run("embeddings", doc, routing, client))
+                target, body = done.target, done.body
+            else:
+                answered, body = await until_disconnect(request, embed(generation.dataplane, ep, doc, routing, client))
+                target = answered.target
+        except ServingError as exc:
+            return openai_error(exc)
+        return json_response(body, headers={VERSION_HEADER: str(target.version)})
 
     def describe(ep: Any) -> dict[str, Any]:
         target = ep.targets[0]
-        limit = target.engine_options.get("max_model_len") or target.llm.get("max_model_len")
+        limit = (target.engine_options.get("max_model_len") or target.llm.get("max_model_len")
+                 or getattr(ep.processor, "max_length", None))
+        task = encoder_task(ep)
         return {"id": ep.name, "object": "model", "created": 0, "owned_by": "serving",
-                "max_model_len": limit, "versions": [t.version for t in ep.targets if not t.shadow]}
+                "max_model_len": limit, "versions": [t.version for t in ep.targets if not t.shadow],
+                **({"task": task} if task else {})}
+
+    def listed(allowed: frozenset[str] | None) -> list[Any]:
+        """The LLM endpoints and the encoder endpoints (embeddings, rerank) a key may call."""
+        endpoints = generation.dataplane.config.current.endpoints
+        return [ep for name, ep in sorted(endpoints.items()) if (generation.is_llm(ep) or encoder_task(ep))
+                and (allowed is None or name in allowed)]
 
     @router.get("/models")
     async def models(request: Request) -> Response:
@@ -143,14 +173,15 @@ def openai_router(generation: Generation, max_body_bytes: int) -> APIRouter:
             allowed = keys.scope(request.headers.get("authorization"))
         except ServingError as exc:
             return openai_error(exc)
-        return json_response({"object": "list", "data": [describe(ep) for ep in generation.endpoints(allowed)]})
+        return json_response({"object": "list", "data": [describe(ep) for ep in listed(allowed)]})
 
     @router.get("/models/{model:path}")
     async def model(request: Request, model: str) -> Response:
         try:
             name, _ = split_model(model)
             keys.check_authorization(request.headers.get("authorization"), name)
-            return json_response(describe(generation.llm_endpoint(name)))
+            ep = generation.dataplane.endpoint(name)
+            return json_response(describe(ep if encoder_task(ep) else generation.llm_endpoint(name)))
         except ServingError as exc:
             return openai_error(exc)
 

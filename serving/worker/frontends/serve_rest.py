@@ -24,6 +24,7 @@ ROUTING_HEADER = "X-Routing-Key"
 
 
 MAX_VERSION = 2**31 - 1  # as in the registry
+RESERVED = ("openai", "tei")  # /serve/openai/v1/..., /serve/tei/{endpoint}/...: other front ends, not endpoints
 # The served paths; each {parameter} is one non-empty path segment.
 SERVE_PATHS = {
     "/serve/{endpoint}": "Infer with the endpoint's routing (canary weights, X-Routing-Key)",
@@ -68,7 +69,7 @@ def match_serve_path(path: str) -> tuple[str, str | None] | None:
     """(endpoint, version or None) when ``path`` is one of ``SERVE_PATHS``."""
     for matcher in _MATCHERS:
         found = matcher.fullmatch(path)
-        if found is not None:
+        if found is not None and found["endpoint"] not in RESERVED:
             return found["endpoint"], found.groupdict().get("version")
     return None
 

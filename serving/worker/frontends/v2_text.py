@@ -25,10 +25,19 @@ from serving.worker.runtime import EndpointRuntime, Target
 TEXT_INPUT = "text"
 
 
+def _task(ep: EndpointRuntime) -> str | None:
+    return getattr(ep.processor, "task", None)
+
+
 def text_io(ep: EndpointRuntime, target: Target) -> tuple[list[dict], list[dict]] | None:
-    """The v2 inputs and outputs of a tokenizer endpoint (None for any other): texts in, answers out."""
-    if ep.preprocess_kind != "tokenizer":
+    """The v2 inputs and outputs of a tokenizer endpoint (None for any other): texts in, answers out.
+    An embedding endpoint answers one ``embedding`` row a text; a cross-encoder's pairs have no v2
+    text form (its model's tensors still go through)."""
+    if ep.preprocess_kind != "tokenizer" or _task(ep) == "rerank":
         return None
+    if _task(ep) == "embed":
+        return ([{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
+                [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}])
     named = getattr(ep.processor, "output", None)  # the tokenizer's --output, else the model's first
     output = next((o for o in target.outputs if o["name"] == named), target.outputs[0] if target.outputs else {})
     shape = list(output.get("shape") or [-1, -1])
@@ -52,6 +61,8 @@ def _texts(name: str, array: np.ndarray) -> list[str]:
 
 
 def _as_tensors(answer: Any) -> dict[str, np.ndarray]:
+    if "embeddings" in answer:
+        return {"embedding": np.asarray(answer["embeddings"], dtype=np.float32)}
     predictions = answer["predictions"]
     labels = np.empty(len(predictions), dtype=np.object_)
     labels[:] = [str(p["label"]).encode() for p in predictions]
@@ -71,7 +82,7 @@ async def infer_v2(dataplane: DataPlane, name: str, request: V2Request, version:
 
 def _text_input(ep: EndpointRuntime, request: V2Request) -> tuple[str, np.ndarray] | None:
     """The request's one BYTES input on a tokenizer endpoint (a tokenizer's model takes integers)."""
-    if ep.preprocess_kind != "tokenizer" or len(request.inputs) != 1:
+    if ep.preprocess_kind != "tokenizer" or _task(ep) == "rerank" or len(request.inputs) != 1:
         return None
     (name, array), = request.inputs.items()
     return (name, array) if array.dtype == np.object_ else None

@@ -123,3 +123,17 @@ def test_partial_share_and_drops(make_client, clf_spec, store, second_model):
     dropped = [e for e in recorder.events[before:] if "shadow" in e]
     assert mirror.dropped == 1 and len(dropped) == 1 and dropped[0]["shadow"]["dropped"] is True
     assert parse_event(dropped[0]).shadow.dropped
+
+
+def test_embeddings_agree_by_cosine_and_rerank_scores_by_order():
+    from serving.worker.shadow import compare, embedding_cosine
+
+    live = {"embeddings": np.array([[1.0, 0.0], [0.6, 0.8]], dtype=np.float32), "tokens": [3, 4]}
+    close = {"embeddings": np.array([[0.999, 0.01], [0.6, 0.8]], dtype=np.float32), "tokens": [3, 4]}
+    far = {"embeddings": np.array([[0.0, 1.0], [0.6, 0.8]], dtype=np.float32), "tokens": [3, 4]}
+    assert embedding_cosine(live, live) == pytest.approx(1.0) and compare(live, close)[0] is True
+    assert embedding_cosine(live, far) == pytest.approx(0.0, abs=1e-7) and compare(live, far)[0] is False
+    assert embedding_cosine({"embedding": [1.0, 0.0]}, {"embedding": [1.0, 0.0, 0.0]}) is None  # other dimensions
+    assert embedding_cosine({"label": "A"}, {"label": "A"}) is None
+    assert compare({"scores": [0.9, 0.1, 0.5]}, {"scores": [0.8, 0.2, 0.6]}) == (True, pytest.approx(0.1))
+    assert compare({"scores": [0.9, 0.1, 0.5]}, {"scores": [0.1, 0.9, 0.5]})[0] is False

@@ -1,0 +1,159 @@
+"""Batching by tokens for encoder endpoints: the texts of every request waiting for one model version,
+grouped by length into engine calls under a token budget, and each request's rows joined back in order.
+
+Why by tokens and not by requests: an encoder's cost is its padded tokens (rows x the longest row),
+so what bounds a call is ``max_batch_tokens`` (TEI's ``--max-batch-tokens``, default 16,384), and
+what wastes one is padding. A request of 256 texts is 256 rows like any other: it is cut into calls
+under the budget, runs on every free slot at once, and comes back as one answer; single-text
+requests arriving together share calls.
+
+How a call is formed (:func:`take`): the oldest waiting row always goes (nothing waits forever), then
+the waiting rows closest to its length, while the call stays within the budget, the row cap (the
+engine's batch size: Triton's ``max_batch_size``) and a padding ratio (at most ``MAX_PADDING`` tokens
+computed per real token: on a CPU a padded position costs what a real one does, and the W2 benchmark
+measured mixed-length padded batches slower than one text at a time). Waiting rows are shared out
+over the free call slots, so a lone big request keeps every slot busy. With nothing waiting a
+request goes at once: no delay at low load.
+
+The caller's ``send`` runs one call and returns a fixed-size result per row (the encoder's
+``reduce``: pooled vectors or scores), which is what lets rows of different requests and lengths
+share a call and be split again.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping, Sequence
+
+import numpy as np
+
+Tensors = dict[str, np.ndarray]
+Send = Callable[[Tensors, np.ndarray], Awaitable[Tensors]]  # (inputs, row lengths) -> a result per row
+MAX_PADDING = 1.25  # tokens computed per real token in one call, at most
+
+
+@dataclass
+class _Request:
+    inputs: Tensors
+    lengths: np.ndarray
+    pad: Mapping[str, int]
+    future: asyncio.Future
+    led: list[int]  # sizes of the calls this request's row headed (its statistics)
+    results: Tensors = field(default_factory=dict)
+    left: int = 0
+
+    def __post_init__(self) -> None:
+        self.left = len(self.lengths)
+
+
+@dataclass(frozen=True)
+class _Row:
+    request: _Request
+    index: int
+    length: int
+
+
+def take(lengths: Sequence[int], max_tokens: int, max_rows: int | None, max_padding: float = MAX_PADDING) -> list[int]:
+    """Which waiting rows (indices into ``lengths``, oldest first) make the next call: the oldest,
+    then the rows closest to its length that keep the call within the budget, the row cap and the
+    padding ratio."""
+    head = lengths[0]
+    chosen, width, real = [0], head, head
+    cap = max_rows or len(lengths)
+    for i in sorted(range(1, len(lengths)), key=lambda j: (abs(lengths[j] - head), j)):
+        if len(chosen) >= cap:
+            break
+        n = lengths[i]
+        wide = max(width, n)
+        rows = len(chosen) + 1
+        if rows * wide <= max_tokens and rows * wide <= max_padding * (real + n):
+            chosen.append(i)
+            width, real = wide, real + n
+    return sorted(chosen)
+
+
+class TokenBatcher:
+    """The rows waiting for one model version; at most ``max_in_flight`` calls at a time."""
+
+    def __init__(self, send: Send, max_tokens: int, max_rows: int | None, max_in_flight: int) -> None:
+        self.send = send
+        self.max_tokens = max(1, int(max_tokens))
+        self.max_rows = max_rows if max_rows and max_rows > 0 else None
+        self.max_in_flight = max(1, int(max_in_flight))
+        self._waiting: list[_Row] = []
+        self._in_flight = 0
+
+    async def submit(self, inputs: Tensors, lengths: np.ndarray, pad: Mapping[str, int],
+                     led: list[int] | None = None) -> Tensors:
+        """Each row's result, in the request's order. ``inputs``: right-padded rows of token tensors;
+        ``pad``: the value each input is padded with; ``led``: gets the sizes of the calls this
+        request's rows headed."""
+        future = asyncio.get_running_loop().create_future()
+        request = _Request(inputs, np.asarray(lengths), pad, future, led if led is not None else [])
+        self._waiting.extend(_Row(request, i, max(1, int(n))) for i, n in enumerate(request.lengths))
+        self._pump()
+        return await future
+
+    def _pump(self) -> None:
+        while self._waiting and self._in_flight < self.max_in_flight:
+            share = math.ceil(len(self._waiting) / (self.max_in_flight - self._in_flight))
+            cap = min(self.max_rows or share, share)
+            picked = take([r.length for r in self._waiting], self.max_tokens, cap)
+            keep = set(picked)
+            rows = [self._waiting[i] for i in picked]
+            self._waiting = [r for i, r in enumerate(self._waiting) if i not in keep]
+            rows[0].request.led.append(len(rows))
+            self._in_flight += 1
+            asyncio.get_running_loop().create_task(self._call(rows))
+
+    async def _call(self, rows: list[_Row]) -> None:
+        try:
+            inputs, lengths = _merge(rows)
+            results = await self.send(inputs, lengths)
+        except BaseException as exc:  # every request with a row in the call gets its error
+            for request in {id(r.request): r.request for r in rows}.values():
+                if not request.future.done():
+                    request.future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            _scatter(rows, results)
+        finally:
+            self._in_flight -= 1
+            self._pump()
+
+
+def _merge(rows: list[_Row]) -> tuple[Tensors, np.ndarray]:
+    """One call's tensors: the rows padded to the longest of them (a whole request in its own order
+    and width goes as it is)."""
+    first = rows[0].request
+    lengths = np.array([r.length for r in rows])
+    width = int(lengths.max())
+    whole = (all(r.request is first for r in rows) and len(rows) == len(first.lengths)
+             and all(r.index == i for i, r in enumerate(rows)))
+    if whole and next(iter(first.inputs.values())).shape[1] == width:
+        return first.inputs, lengths
+    merged: Tensors = {}
+    for name, array in first.inputs.items():
+        out = np.full((len(rows), width), first.pad.get(name, 0), dtype=array.dtype)
+        for j, row in enumerate(rows):
+            source = row.request.inputs[name]
+            n = min(width, source.shape[1])
+            out[j, :n] = source[row.index, :n]
+        merged[name] = out
+    return merged, lengths
+
+
+def _scatter(rows: list[_Row], results: Tensors) -> None:
+    for j, row in enumerate(rows):
+        request = row.request
+        if request.future.done():  # failed in another call, or its client went away
+            continue
+        for name, values in results.items():
+            if name not in request.results:
+                request.results[name] = np.empty((len(request.lengths), *values.shape[1:]), dtype=values.dtype)
+            request.results[name][row.index] = values[j]
+        request.left -= 1
+        if request.left == 0:
+            request.future.set_result(request.results)
