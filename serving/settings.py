@@ -44,6 +44,8 @@ class ControlPlaneSettings(CommonSettings):
     rollout_tick_s: float = 0.5
     # the web console's playground sends requests here (docs/console.md); unset: the local workers
     console_data_plane_url: str | None = None
+    # seconds between two samples of the statistics the console keeps for its rates and charts
+    console_sample_s: float = Field(5.0, gt=0, le=300)
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'registry.db'}"
@@ -143,6 +145,7 @@ class LLMSettings(CommonSettings):
     vllm_kv_cache_gb: float = 1.0       # KV cache per engine on CPU (endpoint option kv_cache_space_gb wins)
     vllm_start_timeout_s: float = 600.0  # an engine not answering /health by then is restarted
     llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
+    llm_gpus: str | None = None         # GPU ids engine replicas are placed on ("0,1,2,3"); unset: CPU cores
 
 
 class StatisticsSettings(CommonSettings):

@@ -1,0 +1,40 @@
+"""benchmarks.embeddings without its systems: requests of N sentences as the load generator sends them,
+and the ratios, table, markdown and plot from a run's figures, so the report cannot rot. The systems
+themselves run in the benchmark only (its own venv for Infinity); numbers are not checked here."""
+from __future__ import annotations
+
+import json
+
+from benchmarks import embeddings
+from benchmarks.payloads import encode_all
+
+
+def test_requests_of_n_consecutive_sentences_cover_the_corpus_as_a_ring():
+    texts = [f"t{i}" for i in range(5)]
+    bodies = [json.loads(b) for b in encode_all("embeddings:2:minilm", texts)]
+    assert [b["input"] for b in bodies] == [["t0", "t1"], ["t2", "t3"], ["t4", "t0"]]
+    assert {b["model"] for b in bodies} == {"minilm"} and {b["encoding_format"] for b in bodies} == {"float"}
+    assert [json.loads(b)["input"] for b in encode_all("embeddings:1:m", texts[:2])] == [["t0"], ["t1"]]
+
+
+def _level(system: str, shape: int, clients: int, rps: float) -> dict:
+    return {"system": system, "shape": shape, "concurrency": clients, "rps": rps, "sentences_per_s": rps * shape,
+            "tokens_per_s": rps * shape * 20.0, "cpu_ms_per_sentence": 1.5, "p50_ms": 5.0, "p99_ms": 9.0, "errors": 0, "warmup_errors": 0}
+
+
+def test_ratios_table_and_plot(tmp_path):
+    result = {"mean_tokens": 20.0, "machine": "test", "date": "now", "command": "python -m benchmarks.embeddings",
+              "ceiling": {"sentences_per_s": 100.0, "batch_size": 32, "streams": 2, "intra_op_threads": 1,
+                          "cpu_ms_per_sentence": 0.9},
+              "systems": {"platform-ort": {"min_cosine": 1.0, "max_abs_diff": 1e-7}, "infinity": {"failed": "x"}},
+              "levels": [_level("platform-ort", 1, 8, 50.0), _level("infinity", 1, 8, 40.0),
+                         _level("st-fastapi", 1, 8, 25.0), _level("platform-ort", 32, 8, 2.5)]}
+    result["ratios"] = embeddings.ratios(result)
+    assert result["ratios"] == [
+        {"system": "platform-ort", "shape": 1, "clients": 8, "vs_infinity": 1.25, "vs_st_fastapi": 2.0, "vs_ceiling": 0.5},
+        {"system": "platform-ort", "shape": 32, "clients": 8, "vs_ceiling": 0.8}]
+    text = embeddings.markdown(result)
+    assert "| platform-ort | 1 | 8 | 50.0 | 1000 | 1.50 |" in text and "| infinity | x |" in text
+    assert "| ceiling | batch 32 | 2 stream(s) | 100.0 | 2000 | 0.90 |" in text
+    embeddings.plot(result, tmp_path / "e.png")
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
