@@ -29,7 +29,7 @@ from serving.worker.frontends.serve_rest import ServeRoute, error_response, matc
 from serving.worker.frontends.openai import openai_router
 from serving.worker.frontends.tei import tei_router
 from serving.worker.frontends.v2 import v2_router
-from serving.worker.generation import Generation
+from serving.worker.llm.relay import Generation
 from serving.worker.pipeline import RequestSender
 from serving.worker.stats_exchange import StatsExchange, group
 

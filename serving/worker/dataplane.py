@@ -70,7 +70,7 @@ class _Stats:
             self.custom.update(values)
 
 
-RequestStats = _Stats  # for the request paths composed with the data plane (generation.py)
+RequestStats = _Stats  # for the request paths composed with the data plane (llm/relay.py)
 
 
 class DataPlane:
@@ -119,7 +119,7 @@ class DataPlane:
                     client: str | None = None) -> Answer:
         """A request body in, the postprocessed answer out (``/serve``); ``client``: the key's name."""
         ep = self.endpoint(name)
-        if self.engines[ep.engine].kind == "llm":  # generation.py's path, through the OpenAI front end
+        if self.engines[ep.engine].kind == "llm":  # llm/relay.py's path, through the OpenAI front end
             raise BadRequest(f"endpoint {name!r} serves an LLM: call it with OpenAI's API at /serve/openai/v1/"
                              f"chat/completions or /completions, model {name!r} (docs/llm.md)")
         target = self.route(ep, version, routing_key)
@@ -227,7 +227,7 @@ class DataPlane:
         self.keys.charge(stats.client, int(counts["tokens"]))
 
     def record(self, stats: "RequestStats", status: int) -> None:
-        """The one statistics event of a request another path served (generation.py)."""
+        """The one statistics event of a request another path served (llm/relay.py)."""
         self._record(stats, status)
 
     def reject(self, name: str, status: int, client: str | None = None) -> None:

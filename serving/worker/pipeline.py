@@ -10,7 +10,7 @@ The blocking form is for ``custom`` user code running on threads, the coroutine 
 
 As in ClearML Serving, ``send_request(endpoint="chat/completions", data={"model": ..., "messages": [...]})``
 (or ``"completions"``) calls the LLM endpoint ``data["model"]`` names and returns the OpenAI answer
-as a dict (never a stream): in-process through generation.py, or over HTTP to the workers'
+as a dict (never a stream): in-process through llm/relay.py, or over HTTP to the workers'
 ``/serve/openai/v1``.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from serving.worker.generation import split_model
-from serving.worker.openai_schema import checked
+from serving.worker.llm.protocol import checked
+from serving.worker.llm.relay import split_model
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class RequestSender:
         self.pipeline_url = pipeline_url.rstrip("/")
         self.timeout_s = timeout_s
         self.dataplane: Any = None  # set once the data plane exists (it needs the config this feeds)
-        self.generation: Any = None  # its LLM path (generation.py), set with it
+        self.generation: Any = None  # its LLM path (llm/relay.py), set with it
         self.loop: asyncio.AbstractEventLoop | None = None  # the worker's event loop, set at start
 
     async def send(self, endpoint: str, version: Any = None, data: Any = None) -> Any:

@@ -98,7 +98,7 @@ class ShadowMirror:
     def launch(self, copies: Copies, live: Target, run: Callable[[Target], Awaitable[None]]) -> None:
         """``run(target)`` for each chosen shadow as a background task, within the in-flight bound
         (a copy past it is dropped and recorded as dropped); returns at once, never raises.
-        The generation path (llm_shadow.py) brings its own ``run``."""
+        The generation path (llm/shadow.py) brings its own ``run``."""
         try:
             loop = asyncio.get_running_loop()
             for target in copies.targets:

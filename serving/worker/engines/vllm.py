@@ -1,7 +1,7 @@
 """Engine ``vllm``: generation runs in vLLM's own OpenAI server, a process apart; the worker is its client.
 
 The worker keeps what it does for every endpoint (routing, keys, preprocess, statistics:
-serving/worker/generation.py) and forwards the OpenAI request over HTTP (aiohttp, one pooled session
+serving/worker/llm/relay.py) and forwards the OpenAI request over HTTP (aiohttp, one pooled session
 per worker process: its C parser costs a streamed token about half the CPU httpx's stack did,
 measured in docs/benchmarks.md). Where a version's engines are (each may have several replicas, serving/worker/llm/replicas.py):
 
@@ -48,7 +48,7 @@ from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, Servin
 from serving.worker.llm.external import ExternalReplicas
 from serving.worker.llm.replicas import Member, ReplicaSet
 from serving.worker.llm.routing.base import Replica, RouteHint
-from serving.worker.llm_tokens import PromptCounter
+from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 
 MAP_TTL_S = 1.0  # how long the launcher's map is reused
@@ -82,7 +82,7 @@ def adapter_of(target: Target) -> str | None:
 
 
 class VllmEngine:
-    kind = "llm"            # the data plane's generation path (generation.py), not infer() or run()
+    kind = "llm"            # the data plane's generation path (llm/relay.py), not infer() or run()
     calls_user_load = False  # ClearML's vllm preprocess builds its engine in load(): never here (docs/llm.md)
 
     def __init__(self, launcher_url: str, timeout_s: float, counter: PromptCounter) -> None:

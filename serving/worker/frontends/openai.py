@@ -1,8 +1,8 @@
-"""OpenAI's API on the workers, at ``/serve/openai/v1/``: a thin front end over generation.py.
+"""OpenAI's API on the workers, at ``/serve/openai/v1/``: a thin front end over llm/relay.py.
 
 ``chat/completions``, ``completions``, ``embeddings`` (an LLM engine's, or an encoder endpoint's:
 openai_embeddings.py) and ``models`` (the LLM and encoder endpoints). ``model`` names the endpoint. What this module does is the wire only: read the
-body under the size limit, check its shape (openai_schema.py), check the client key, answer JSON or
+body under the size limit, check its shape (llm/protocol.py), check the client key, answer JSON or
 pass Server-Sent Events on as they come, and write every error in OpenAI's shape
 ``{"error": {"message", "type", "param", "code"}}`` with its status, never FastAPI's ``{"detail"}``.
 
@@ -22,9 +22,9 @@ from serving.worker.errors import PayloadTooLarge, ServingError, TooLarge
 from serving.worker.frontends.body import json_response, parse_json, read_body
 from serving.worker.frontends.openai_embeddings import embed, encoder_task
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER
-from serving.worker.generation import CLIENT_CLOSED, ROUTES, Generation, InvalidRequest, split_model
 from serving.worker.llm.hints import SESSION_HEADER
-from serving.worker.openai_schema import checked
+from serving.worker.llm.protocol import checked
+from serving.worker.llm.relay import CLIENT_CLOSED, ROUTES, Generation, InvalidRequest, split_model
 
 PREFIX = "/serve/openai/v1"
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

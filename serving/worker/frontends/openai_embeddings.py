@@ -7,7 +7,7 @@ float32, what the ``openai`` client asks for by default and decodes); ``dimensio
 renormalized); ``usage.prompt_tokens``. As OpenAI does, an input past the model's length is an error
 (400, ``context_length_exceeded``) unless the request asks for truncation (``truncate: true``, TEI's
 field), and an empty string is refused. An LLM endpoint's embeddings go to its engine instead
-(generation.py).
+(llm/relay.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from serving.worker.dataplane import Answer, DataPlane
-from serving.worker.generation import InvalidRequest, split_model
+from serving.worker.llm.relay import InvalidRequest, split_model
 from serving.worker.runtime import EndpointRuntime
 
 EMBED = "embed"

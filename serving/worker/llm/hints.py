@@ -7,7 +7,7 @@ from typing import Any
 
 from serving.worker.llm.routing.base import RouteHint
 from serving.worker.llm.routing.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
-from serving.worker.llm_tokens import PromptCounter
+from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 their first tokens' keys and values, unless that replica is overloaded.
 
 The key is a hash of the prompt's first ``PREFIX_BLOCKS`` full blocks of ``BLOCK_TOKENS`` tokens (the
-prompt as the engine tokenizes it: a chat rendered with the model's template, serving/worker/llm_tokens.py):
+prompt as the engine tokenizes it: a chat rendered with the model's template, serving/worker/llm/tokens.py):
 the turns of one conversation, or requests sharing a long system prompt, share it. The replica is the
 key's bounded-load choice (hashing.py): its rendezvous choice while that one carries at most 1.25 times
 the average load, else the next within bounds. A prompt shorter than one block goes to the least loaded.

@@ -1,5 +1,5 @@
-"""The ``llm`` event field measured on stream chunks (serving/worker/generation_timing.py), no engine."""
-from serving.worker.generation_timing import MAX_GAPS, GenerationTimer
+"""The ``llm`` event field measured on stream chunks (serving/worker/llm/timing.py), no engine."""
+from serving.worker.llm.timing import MAX_GAPS, GenerationTimer
 
 
 def chat(content=None, finish=None, role=None):

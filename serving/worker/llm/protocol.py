@@ -11,7 +11,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from serving.worker.generation import InvalidRequest
+from serving.worker.llm.relay import InvalidRequest
 
 
 class _Open(BaseModel):

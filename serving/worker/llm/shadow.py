@@ -92,7 +92,7 @@ def agreement(request: dict[str, Any], live: dict[int, str], shadow: dict[int, s
 
 
 class LlmShadow:
-    """Chooses and runs the copies of generation requests (``generation.py`` calls it)."""
+    """Chooses and runs the copies of generation requests (``relay.py`` calls it)."""
 
     def __init__(self, mirror: ShadowMirror, engines: Any) -> None:
         self.mirror, self.engines = mirror, engines

@@ -9,9 +9,9 @@ import pytest
 from serving.testmodels_llm import build_tiny_llama
 from serving.worker.errors import NotFound, PayloadTooLarge, Unavailable
 from serving.worker.frontends.openai import openai_error
-from serving.worker.generation import InvalidRequest, split_model
-from serving.worker.llm_tokens import PromptCounter
-from serving.worker.openai_schema import checked
+from serving.worker.llm.protocol import checked
+from serving.worker.llm.relay import InvalidRequest, split_model
+from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 
 

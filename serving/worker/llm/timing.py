@@ -1,7 +1,7 @@
 """The ``llm`` field of a generation request's statistics event: time to first token, the gaps
 between content chunks, end-to-end latency, token counts and finish reason (docs/llm-statistics.md).
 
-Measured on the chunks the generation path already parsed (serving/worker/generation.py): a few
+Measured on the chunks the generation path already parsed (serving/worker/llm/relay.py): a few
 dict look-ups and one clock read per chunk, nothing parsed again. The clock starts with the
 request in the worker (``RequestStats.t0``), so TTFT includes routing, preprocess and the prompt
 check as well as the engine's prefill. A non-streaming request has no first token the client sees

@@ -23,9 +23,9 @@ import orjson
 from preprocess.base import PreprocessError
 from serving.worker.dataplane import DataPlane, RequestStats
 from serving.worker.errors import BadRequest, NotFound, ServingError, user_code_error
-from serving.worker.generation_timing import GenerationTimer
 from serving.worker.llm.hints import route_hint
-from serving.worker.llm_shadow import LlmShadow, StreamText, choice_texts
+from serving.worker.llm.shadow import LlmShadow, StreamText, choice_texts
+from serving.worker.llm.timing import GenerationTimer
 from serving.worker.runtime import EndpointRuntime, Target
 
 ROUTES = ("chat/completions", "completions", "embeddings")
@@ -63,7 +63,7 @@ def split_model(model: str) -> tuple[str, int | None]:
 class Generation:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
-        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm_shadow.py)
+        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm/shadow.py)
 
     def is_llm(self, ep: EndpointRuntime) -> bool:
         return getattr(self.dataplane.engines.get(ep.engine), "kind", None) == "llm"
