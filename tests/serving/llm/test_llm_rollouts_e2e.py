@@ -91,13 +91,17 @@ class EngineMapProxy:
 
     async def engines(self, request: Request) -> Response:
         real = await self._real()
-        if self.key in real["engines"]:
-            real["engines"][self.key] = {**real["engines"][self.key], "url": f"{self.url}/engine/v1"}
+        entry = real["engines"].get(self.key)
+        if entry:  # the worker reaches an engine through its replicas' URLs (one replica here)
+            here = f"{self.url}/engine/v1"
+            entry["url"] = here
+            entry["replicas"] = [{**r, "url": here} for r in entry.get("replicas") or ()]
+            assert len(entry["replicas"]) == 1, "the proxy stands in for one replica"
         return JSONResponse(real)
 
     async def forward(self, request: Request) -> Response:
-        upstream = (await self._real())["engines"][self.key]["url"]
-        root = upstream[:-3] if request.path_params["path"] == "health" else upstream
+        upstream = (await self._real())["engines"][self.key]["replicas"][0]["url"]
+        root = upstream[:-3] if request.path_params["path"] in ("health", "metrics") else upstream
         path = request.path_params["path"].removeprefix("v1/")
         body = await request.body()
         if request.method == "POST":
