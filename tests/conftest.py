@@ -11,21 +11,53 @@ from tests.support import leftovers
 from tests.support.postgres import create_database, postgres_server
 
 _db_counter = itertools.count()
+_SHM_BASE = pytest.StashKey[leftovers.Baseline]()
 
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def no_leftovers():
+def no_leftovers(request):
     """The suite fails when any test leaves a process, a /dev/shm segment or a conmon behind
-    (tests/support/leftovers.py); they are cleaned up either way."""
+    (tests/support/leftovers.py); they are cleaned up either way. In an xdist worker, shared memory
+    is left to the controller (pytest_sessionfinish below)."""
     base = leftovers.start_session()
     yield
     found = leftovers.collect(base)
+    if not _xdist_worker(request.config):
+        found += leftovers.collect_shm(base)
     if found:
         pytest.fail("the test session left these behind (now removed):\n" + "\n".join(found), pytrace=False)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _xdist_controller(session.config):
+        session.config.stash[_SHM_BASE] = leftovers.start_session()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Shared memory the whole run left, checked once every xdist worker has ended."""
+    base = session.config.stash.get(_SHM_BASE, None)
+    if base is None:
+        return
+    found = leftovers.collect_shm(base)
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_sep("=", "the test run left these behind (now removed)", red=True)
+        for line in found:
+            reporter.write_line(line)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

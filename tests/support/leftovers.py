@@ -9,6 +9,10 @@ exists belongs to a stack that is still up, maybe another session's. Shared-memo
 (Triton's Python backend, multiprocessing) count when they appeared during the session and no
 live process still maps them. Leftovers are named, then killed or removed, so that one run's leak
 does not become the next one's.
+
+Under pytest-xdist (``make test``) each worker checks its own processes and monitors; shared memory
+has no owner to tell whose it is, so the controller checks it once every worker has ended. A worker
+checking it would count, and remove, a segment another worker's PostgreSQL had just made.
 """
 from __future__ import annotations
 
@@ -118,8 +122,8 @@ def _describe(proc: psutil.Process) -> str:
 
 
 def collect(base: Baseline) -> list[str]:
-    """Name what the session left, after giving graceful shutdowns ``GRACE_S`` to finish; then
-    kill and remove it."""
+    """Name the processes and monitors the session left, after giving graceful shutdowns ``GRACE_S``
+    to finish; then kill them."""
     deadline = time.monotonic() + GRACE_S
     while (procs := _marked(base.marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -138,6 +142,12 @@ def collect(base: Baseline) -> list[str]:
             proc.kill()
         except psutil.Error:
             pass
+    return found
+
+
+def collect_shm(base: Baseline) -> list[str]:
+    """Name and remove the shared-memory segments made since ``base`` that no live process maps."""
+    found: list[str] = []
     new_shm = _shm_names() - base.shm
     if new_shm:
         mapped = _mapped_shm()
