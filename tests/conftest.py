@@ -54,6 +54,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     found = leftovers.collect_shm(base)
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line("")
         reporter.write_sep("=", "the test run left these behind (now removed)", red=True)
         for line in found:
             reporter.write_line(line)
