@@ -31,13 +31,15 @@ VLLM_ENGINE_PATHS = (
     "tests/serving/llm/test_openai_e2e.py",
     "tests/serving/llm/test_replicas_e2e.py",
     "tests/serving/statistics/test_llm_statistics_e2e.py",
-    "tests/test_readme.py",  # its LLM quick start
+    "tests/test_readme_llm.py",
 )
 # Other modules of a minute or more (measured: `--durations`), started before the many short ones.
 LONG_MODULES = (
     "tests/serving/triton/test_budget.py",
     "tests/serving/test_readiness_e2e.py",
     "tests/benchmarks/test_smoke.py",
+    "tests/test_readme.py",
+    "tests/serving/test_embeddings_quickstart_e2e.py",
 )
 
 
