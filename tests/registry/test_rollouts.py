@@ -3,14 +3,15 @@ controller), statistics service, one worker under steady load; the CLI starts an
 
 One preprocess.py serves three endpoints; what the candidate (version 2) does depends on the
 endpoint: on `healthy` nothing, on `flaky` (and `flaky-paused`) it fails on half the texts, on `slow`
-it takes 600 ms (the gate: 400 ms at p99, far above what the healthy versions need even on a busy
-2-core machine).
+it takes 1.2 s (the gate: 1 s at p99, far above what the healthy versions need even on a 2-core machine
+at a load average of 40, where a 400 ms gate was once failed by a healthy candidate).
 """
 from __future__ import annotations
 
 import json
 import threading
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -38,7 +39,7 @@ class Preprocess:
         if self.candidate and self.mode.startswith("flaky") and len(text) % 2:
             raise ValueError("the candidate rejects texts of odd length")
         if self.candidate and self.mode == "slow":
-            time.sleep(0.6)
+            time.sleep(1.2)
         enc = self.tok(text, return_tensors="np")
         return {{k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}}
 
@@ -129,13 +130,13 @@ def routes(stack: Stack, endpoint: str) -> dict[int, float]:
 
 def start(stack: Stack, endpoint: str, steps: str = "25,50,100") -> None:
     stack.cli("rollout", "start", "--endpoint", endpoint, "--model", "clf:2", "--steps", steps,
-              "--interval", f"{INTERVAL_S}s", "--max-error-rate", "5%", "--max-p99-ms", "400", "--min-requests", "3")
+              "--interval", f"{INTERVAL_S}s", "--max-error-rate", "5%", "--max-p99-ms", "1000", "--min-requests", "3")
 
 
 def test_a_healthy_candidate_reaches_100_percent_by_itself(stack):
     with Load(stack, ["healthy"]) as load:
         start(stack, "healthy")
-        r = wait_state(stack, "healthy", {"succeeded", "rolled_back"}, timeout=6 * INTERVAL_S + 15)
+        r = wait_state(stack, "healthy", {"succeeded", "rolled_back"}, timeout=10 * INTERVAL_S + 30)
     assert r["state"] == "succeeded", r
     assert routes(stack, "healthy") == {2: 100.0}
     # the first step's share, as started (asking for the split after `start` raced the first step on a
@@ -149,15 +150,15 @@ def test_a_healthy_candidate_reaches_100_percent_by_itself(stack):
 
 @pytest.mark.parametrize("endpoint,why", [("flaky", "error rate"), ("slow", "p99 latency")])
 def test_a_failing_candidate_is_rolled_back_within_one_interval(stack, endpoint, why):
-    with Load(stack, [endpoint]):
+    with Load(stack, [endpoint], threads=6):  # the slow candidate's 3 requests well within one interval
         start(stack, endpoint)
-        t0 = time.monotonic()
-        r = wait_state(stack, endpoint, {"succeeded", "rolled_back"}, timeout=4 * INTERVAL_S + 15)
-        took = time.monotonic() - t0
+        r = wait_state(stack, endpoint, {"succeeded", "rolled_back"}, timeout=6 * INTERVAL_S + 30)
     assert r["state"] == "rolled_back" and why in r["reason"], r
     assert r["reason"].startswith("rolled back at step 1 (25%)"), r["reason"]
-    # judged at the end of its first step (one interval), plus the controller's tick and CLI time
-    assert took < INTERVAL_S + 6, took
+    # judged at the end of its first step (one interval), by the control plane's own clock (the CLI's
+    # time on a busy machine is not the controller's)
+    at = [datetime.fromisoformat(e["at"]) for e in (r["history"][0], r["history"][-1])]
+    assert (at[1] - at[0]).total_seconds() < INTERVAL_S + 3, r["history"]
     assert routes(stack, endpoint) == {1: 100.0}
     assert "rolled_back" in stack.cli("rollout", "status", "--endpoint", endpoint).stdout
 
@@ -167,7 +168,7 @@ def test_a_control_plane_restart_resumes_the_rollout(stack):
         start(stack, "restart", steps="20,40,60,80,100")
         deadline = time.monotonic() + 4 * INTERVAL_S
         while rollout(stack, "restart")["step"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.6)
+            time.sleep(1.2)
         assert rollout(stack, "restart")["step"] >= 1
         stack.stop("control-plane")
         time.sleep(1.0)
