@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import tritonclient.grpc.aio as grpc_aio
 
+from serving.worker.dns import addresses
 from serving.worker.engines.triton_channels import DNS_PREFIX, Call, T, call_on, model_ready_sync
 from serving.worker.errors import ModelNotReady, Unavailable
 
@@ -46,13 +47,8 @@ PROBE_PERIOD_S = 0.5
 
 def dns_lookup(host: str, port: int) -> list[str]:
     """Every address ``host`` resolves to, as ``ip:port`` (``[ip]:port`` for IPv6), sorted."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        log.warning("cannot resolve Triton address %s: %s", host, exc)
-        return []
-    found = {f"[{i[4][0]}]:{port}" if i[0] == socket.AF_INET6 else f"{i[4][0]}:{port}" for i in infos}
-    return sorted(found)
+    return sorted(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+                  for family, ip in addresses(host, port, "Triton address"))
 
 
 @dataclass(frozen=True)

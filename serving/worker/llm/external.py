@@ -18,6 +18,7 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
+from serving.worker.dns import addresses
 from serving.worker.llm.replicas import Member
 
 log = logging.getLogger(__name__)
@@ -27,13 +28,9 @@ RESOLVE_PERIOD_S = 5.0
 
 def lookup(host: str, port: int) -> list[str]:
     """The addresses ``host`` resolves to, IPv4 ones when there are any, sorted."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        log.warning("cannot resolve the LLM engine's host %s: %s", host, exc)
-        return []
-    v4 = sorted({i[4][0] for i in infos if i[0] == socket.AF_INET})
-    return v4 or sorted({i[4][0] for i in infos if i[0] == socket.AF_INET6})
+    found = addresses(host, port, "the LLM engine's host")
+    v4 = sorted(ip for family, ip in found if family == socket.AF_INET)
+    return v4 or sorted(ip for family, ip in found if family == socket.AF_INET6)
 
 
 def _is_address(host: str) -> bool:
