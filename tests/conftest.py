@@ -16,12 +16,6 @@ _SHM_BASE = pytest.StashKey[leftovers.Baseline]()
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
-# vLLM's own switch for its CPU CI: an engine skips its warm-up and runs its traced graph eagerly instead
-# of compiling it with inductor. Measured here: 24 s less per engine start (of about 75), and the suite
-# starts some 15 engines whose models sit in new folders (so vLLM's compile cache never hits). Answers are
-# still checked against transformers. The doc tests' terminals drop it (tests/support/terminal.py): a
-# user's engine compiles, so theirs does too.
-os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
 
 
 def _xdist_controller(config: pytest.Config) -> bool:

@@ -172,12 +172,11 @@ def fresh_clone(dest: Path) -> Path:
 
 def user_env(tmp: Path) -> dict[str, str]:
     """A new user's shell: no venv active, no SERVING_* settings (the test session's marker kept,
-    so a leak is still found), none of the suite's vLLM switches, a SERVING_HOME and credentials file
-    of its own."""
+    so a leak is still found), a SERVING_HOME and credentials file of its own."""
     venv_bin = str(REPO / ".venv" / "bin")
     env = {k: v for k, v in os.environ.items()
            if (not k.startswith("SERVING_") or k.startswith("SERVING_TEST_"))
-           and k not in ("VIRTUAL_ENV", "PYTHONHOME", "VLLM_CPU_CI_ENV")}
+           and k not in ("VIRTUAL_ENV", "PYTHONHOME")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p != venv_bin)
     env["SERVING_HOME"] = str(tmp / "serving-home")
     env["SERVING_CREDENTIALS"] = str(tmp / "serving-home" / "credentials")
