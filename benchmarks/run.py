@@ -7,12 +7,15 @@ stops them before the next system starts, so no two systems share the cores.
 Writes ``<mode>.json``, ``<mode>.md`` and ``<mode>.png`` under benchmarks/results/.
 ``--workload LLM`` runs the LLM streaming benchmark instead (``benchmarks.llm``: platform against
 vLLM called directly; ``--concurrency`` gives its stream counts); ``--workload LLM-ROUTING`` the routing
-policies side by side over two vLLM replicas (``benchmarks.llm_routing``); ``--workload EMB`` the embeddings one
-(``benchmarks.embeddings``: platform against Infinity, sentence-transformers and the ceiling).
+policies side by side over two vLLM replicas (``benchmarks.llm_routing``); ``--workload LLM-RELAY`` the
+worker's cost to an LLM endpoint measured with vLLM's own serving benchmark client (``benchmarks.llm_relay``);
+``--workload EMB`` the embeddings one (``benchmarks.embeddings``: platform against Infinity,
+sentence-transformers and the ceiling).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform as py_platform
@@ -22,6 +25,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 
@@ -187,7 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in MODES:
         group.add_argument(f"--{name}", dest="mode", action="store_const", const=name,
                            help=f"{name} mode" + (" (default)" if name == "quick" else ""))
-    p.add_argument("--workload", default=None, help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    p.add_argument("--workload", default=None,
+                   help=f"comma-separated, of {', '.join(WORKLOADS)}; or one of {', '.join(OWN_DRIVERS)}")
     p.add_argument("--systems", default=None, help="comma-separated system names or variant ids")
     p.add_argument("--requests", type=int, default=None, help="fixed requests per level instead of a duration")
     p.add_argument("--concurrency", default=None, help="comma-separated client counts, e.g. 1,8,32")
@@ -197,21 +202,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+# Workloads with a driver of their own (module in benchmarks/, and the runner's options as its arguments):
+# LLM streams, TTFT and ITL (llm.py); the routing policies over two replicas (llm_routing.py); the relay's
+# cost measured with vLLM's own client (llm_relay.py); embeddings, sentences/s and tokens/s (embeddings.py).
+OWN_DRIVERS: dict[str, tuple[str, Callable[[argparse.Namespace], list[str]]]] = {
+    "LLM": ("llm", lambda a: ["--streams", a.concurrency] if a.concurrency else []),
+    "LLM-ROUTING": ("llm_routing", lambda a: ["--quick"] if a.mode == "quick" and not a.concurrency else []),
+    "LLM-RELAY": ("llm_relay", lambda a: ["--concurrency", a.concurrency] if a.concurrency else []),
+    "EMB": ("embeddings", lambda a: [*(["--quick"] if a.mode == "quick" else []),
+                                     *(["--clients", a.concurrency] if a.concurrency else [])]),
+}
+
+
 def main(argv: list[str] | None = None) -> RunResult | None:
     args = parse_args(argv)
-    if args.workload == "LLM":  # its own driver, table and plot: streams, TTFT and ITL (benchmarks/llm.py)
-        from benchmarks import llm
-        llm.main(["--out", str(args.out), *(["--streams", args.concurrency] if args.concurrency else [])])
-        return None
-    if args.workload == "LLM-ROUTING":  # its own driver, table and plot (benchmarks/llm_routing.py)
-        from benchmarks import llm_routing
-        llm_routing.main(["--out", str(args.out), *(["--quick"] if args.mode == "quick" and not args.concurrency
-                                                     else [])])
-        return None
-    if args.workload == "EMB":  # its own driver and table: sentences/s and tokens/s (benchmarks/embeddings.py)
-        from benchmarks import embeddings
-        embeddings.main(["--out", str(args.out), *(["--quick"] if args.mode == "quick" else []),
-                         *(["--clients", args.concurrency] if args.concurrency else [])])
+    own = OWN_DRIVERS.get(args.workload or "")
+    if own is not None:  # a workload with its own driver, table and plot
+        module, to_argv = own
+        importlib.import_module(f"benchmarks.{module}").main(["--out", str(args.out), *to_argv(args)])
         return None
     concurrency = tuple(int(c) for c in args.concurrency.split(",")) if args.concurrency else None
     mode: Mode = resolve(args.mode, args.requests, concurrency)
