@@ -41,7 +41,9 @@ class Stack:
     def worker_url(self, i: int = 0) -> str:
         return f"http://127.0.0.1:{self.worker_ports[i]}"
 
-    def cli(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    def cli(self, *args: str, check: bool = True, timeout: float = 360.0) -> subprocess.CompletedProcess:
+        """``serving ARGS``; ``timeout`` above the CLI's own ``--wait-timeout`` (300 s), so a deploy that is
+        slow on a busy machine fails with the CLI's message, not a subprocess timeout (it did at 120 s)."""
         res = subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO,
                              capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
