@@ -33,6 +33,7 @@ answered, so the engine generated nothing the client will see twice).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,11 @@ from serving.worker.llm.routing.base import Replica, RouteHint
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 
+log = logging.getLogger(__name__)
+
 MAP_TTL_S = 1.0  # how long the launcher's map is reused
+MAP_STALE_S = 30.0  # how long it still routes while the launcher does not answer
+MAP_READ_TIMEOUT_S = 5.0
 RETRY_AFTER_S = 2
 KEEPALIVE_S = 2.0  # idle pooled connections closed after this: well inside vLLM's 5 s, so it rarely closes first
 
@@ -92,7 +97,9 @@ class VllmEngine:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # never pooled: the one retry of a stale connection
         self._map: dict[str, Any] = {}
-        self._map_at = 0.0
+        self._map_at = 0.0   # when the map was read; set to 0 to have it read again
+        self._read_at = 0.0  # when the launcher last answered
+        self._map_lock = asyncio.Lock()
         self._sets: dict[str, ReplicaSet] = {}               # per engine key, or external url setting
         self._external: dict[str, ExternalReplicas] = {}
 
@@ -191,17 +198,29 @@ class VllmEngine:
                               retry_after_s=RETRY_AFTER_S)
 
     async def _engines(self, fresh: bool) -> dict[str, Any]:
-        if not fresh and time.monotonic() - self._map_at < MAP_TTL_S:
+        """The launcher's map: reused for ``MAP_TTL_S`` unless ``fresh``; one read at a time, which a burst
+        of requests shares (8 streams at once each read it, and a launcher busy checking its engines
+        answered none within ``MAP_READ_TIMEOUT_S``: all 503). A launcher that does not answer leaves the last map in use
+        for ``MAP_STALE_S``: which replica is up the replicas' own probes tell (llm/replicas.py)."""
+        asked = time.monotonic()
+        if not fresh and asked - self._map_at < MAP_TTL_S:
             return self._map
-        try:
-            async with self.session().get(f"{self.launcher_url}/engines",
-                                          timeout=aiohttp.ClientTimeout(total=5.0)) as r:
-                self._map = dict(orjson.loads(await r.read())["engines"])
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
-            raise Unavailable(f"the LLM launcher at {self.launcher_url} does not answer ({type(exc).__name__})",
-                              retry_after_s=RETRY_AFTER_S) from None
-        self._map_at = time.monotonic()
-        return self._map
+        async with self._map_lock:
+            if self._map_at >= asked or (not fresh and time.monotonic() - self._map_at < MAP_TTL_S):
+                return self._map  # read by another request meanwhile
+            try:
+                async with self.session().get(f"{self.launcher_url}/engines",
+                                              timeout=aiohttp.ClientTimeout(total=MAP_READ_TIMEOUT_S)) as r:
+                    self._map = dict(orjson.loads(await r.read())["engines"])
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+                if self._map and time.monotonic() - self._read_at < MAP_STALE_S:
+                    log.warning("the LLM launcher at %s does not answer (%s): its map of %.0f s ago is used",
+                                self.launcher_url, type(exc).__name__, time.monotonic() - self._read_at)
+                    return self._map
+                raise Unavailable(f"the LLM launcher at {self.launcher_url} does not answer ({type(exc).__name__})",
+                                  retry_after_s=RETRY_AFTER_S) from None
+            self._map_at = self._read_at = time.monotonic()
+            return self._map
 
     # --- requests ---------------------------------------------------------------------------
     async def post(self, target: Target, route: str, body: dict[str, Any],
