@@ -171,11 +171,6 @@ async def stream(client: httpx.AsyncClient, url: str, started: list, endpoint: s
     return "failed"
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "under investigation: on the 2-core box of stop 15 the 8 long streams were never seen running on both "
-    "replicas at once (3 runs of 3: [0, 0] twice, and once not all 8 streams started within 60 s) although "
-    "both engines logged 4 running each; it passed in CI at stop 14. The failover itself is also covered by "
-    "test_openai_e2e's engine killed mid-traffic."))
 def test_kill_9_of_one_replica_fails_only_its_streams_and_it_comes_back(llm, tokenizer):
     url = f"{llm.worker_url()}/serve/openai/v1/completions"
     victim = replicas(llm)[1]
