@@ -232,24 +232,6 @@ def aux_batching(pairs: dict[str, str], batching: Batching | None, io: IODeclara
         names = {v: k for k, v in APPLIED.items()}
         raise ValueError("; ".join(f"{names.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}"
                                    for e in exc.errors())) from None
-        from serving.triton.aux_config import APPLIED, AuxConfigError, parse_aux
-
-        try:
-            aux = parse_aux(self.aux_config)
-        except AuxConfigError as exc:
-            raise ValueError(f"--aux-config {exc}") from None
-        if not (aux.batching or aux.triton):
-            return self
-        explicit = self.batching.model_dump(include=self.batching.model_fields_set) if self.batching else {}
-        merged = {"max_batch_size": 0 if self.io else 32, **aux.batching, **explicit,
-                  "triton_config": {**aux.triton, **explicit.get("triton_config", {})}}
-        try:
-            self.batching = Batching(**merged)
-        except ValidationError as exc:
-            names = {v: k for k, v in APPLIED.items()}
-            raise ValueError("--aux-config " + "; ".join(
-                f"{names.get(str(e['loc'][0]), e['loc'][0])}: {e['msg']}" for e in exc.errors())) from None
-        return self
 
 
 class CanaryWeights(BaseModel):
