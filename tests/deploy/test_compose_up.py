@@ -203,7 +203,7 @@ def stack(engine, images, tmp_path_factory):
                             "down", "-v"], cwd=DEPLOY, env=s.env, capture_output=True, timeout=300)
         finally:
             engine.remove_project(s.project)
-        print(f"\ncompose test timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s.times.items()))
+        print("\ncompose test timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in s.times.items()))
 
 
 def endpoint_answers(stack: ComposeStack, plain_http: bool = False) -> dict:

@@ -29,7 +29,7 @@ def start_cluster() -> Cluster:
 
 def stop_cluster(cluster: Cluster) -> None:
     left = cluster.stop()
-    print(f"\nkube test cluster timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in cluster.timings.items()))
+    print("\nkube test cluster timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in cluster.timings.items()))
     if left:
         pytest.fail("the test cluster left these behind:\n" + "\n".join(left), pytrace=False)
 
