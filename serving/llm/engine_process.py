@@ -98,10 +98,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_cache_gb: float) -> list[str]:
-    """vLLM's OpenAI server on 127.0.0.1:port for this engine; options map onto vLLM's own flags."""
+def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_cache_gb: float,
+                 default_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """vLLM's OpenAI server on 127.0.0.1:port for this engine; options map onto vLLM's own flags.
+    ``default_args`` (``SERVING_VLLM_DEFAULT_ARGS``) come first: vLLM takes the last of a flag given twice,
+    so the platform's own flags, the endpoint's options and its ``extra_args`` all win over them."""
     opts = spec.options
-    cmd = [str(python), "-m", VLLM_MODULE, "--model", str(model_dir), "--served-model-name", spec.key,
+    cmd = [str(python), "-m", VLLM_MODULE, *default_args, "--model", str(model_dir), "--served-model-name", spec.key,
            "--host", "127.0.0.1", "--port", str(port)]
     for key, flag in OPTION_FLAGS.items():
         if opts.get(key) is not None:

@@ -239,7 +239,8 @@ class Launcher:
         if room is not None:
             self._set(replica, "failed", room)  # tried again at each tick: an engine stopped frees room
             return
-        command = vllm_command(Path(python), engine.spec, engine.model_dir, replica.port, self.settings.vllm_kv_cache_gb)
+        command = vllm_command(Path(python), engine.spec, engine.model_dir, replica.port, self.settings.vllm_kv_cache_gb,
+                               self.settings.vllm_default_args)
         replica.log_path = self.log_dir / f"{replica.name.replace('/', '_')}.log"
         placement |= engine_env(engine.spec)
         child = Child(replica.name, [], None, spawn=lambda: self._process(replica, command, placement))

@@ -9,6 +9,7 @@ from serving.llm.engine_process import EngineSpec, last_error, vllm_command, wan
 from serving.llm.folder import archive_folder, read_archive
 from serving.llm.memory import MB, EngineMemory
 from serving.llm.naming import engine_key
+from serving.settings import LLMSettings
 
 
 def endpoint(engine: str, targets: list[tuple[str, int]], **options) -> dict:
@@ -45,6 +46,21 @@ def test_the_command_line_maps_each_option_to_vllms_flag():
     assert default[default.index("--kv-cache-memory-bytes") + 1] == str(2 * 2**30)
     gpu = vllm_command(Path("p"), EngineSpec("m:1", "sha", {"gpu_memory_utilization": 0.5}), Path("d"), 1, 1.0)
     assert "--kv-cache-memory-bytes" not in gpu and gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.5"
+
+
+def test_the_platforms_default_args_come_first_so_every_other_flag_wins_over_them():
+    """SERVING_VLLM_DEFAULT_ARGS: vLLM's argparse keeps the last of a flag given twice."""
+    spec = EngineSpec("m:1", "sha", {"dtype": "float32", "extra_args": ["--seed", "7"]})
+    cmd = vllm_command(Path("p"), spec, Path("d"), 1, 1.0, ["-O0", "--dtype", "bfloat16", "--seed", "1"])
+    assert cmd[3:8] == ["-O0", "--dtype", "bfloat16", "--seed", "1"]
+    last_dtype = max(i for i, arg in enumerate(cmd) if arg == "--dtype")
+    assert cmd[last_dtype + 1] == "float32"  # the endpoint's option
+    assert cmd[-2:] == ["--seed", "7"]        # the endpoint's extra_args
+
+
+def test_default_args_are_read_from_the_environment_as_a_json_list(monkeypatch):
+    monkeypatch.setenv("SERVING_VLLM_DEFAULT_ARGS", '["-O0", "--enable-prefix-caching"]')
+    assert LLMSettings().vllm_default_args == ["-O0", "--enable-prefix-caching"]
 
 
 def test_the_reason_is_the_engines_last_error_line_of_this_run(tmp_path):

