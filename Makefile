@@ -14,7 +14,7 @@ kube:
 	@bash scripts/kube-build.sh
 
 test: setup kube
-	.venv/bin/python -m pytest -q -n 2 --no-loadscope-reorder --durations=40
+	.venv/bin/python -m pytest -q -n 3 --no-loadscope-reorder --durations=40
 
 bench: setup
 	.venv/bin/python -m benchmarks.run --quick

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import re
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,7 +38,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.procs import REPO, child_env, free_port, stop, wait_http
+from benchmarks.llm_stack import LLMStack, corpus_words, save
 from serving.worker.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -144,66 +141,10 @@ def counters(launcher: str, key: str) -> tuple[float, float]:
     return hits, queries
 
 
-class Stack:
-    """Control plane, LLM launcher and one worker, each in a process group of its own."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.procs = root, []
-        ports = {k: free_port() for k in ("cp", "worker", "launcher")}
-        home = root / "home"
-        home.mkdir(parents=True, exist_ok=True)
-        self.launcher = f"http://127.0.0.1:{ports['launcher']}"
-        self.worker = f"http://127.0.0.1:{ports['worker']}"
-        self.env = child_env({"SERVING_HOME": str(home), "SERVING_CREDENTIALS": str(home / "credentials"),
-                              "SERVING_CONTROL_PLANE_PORT": str(ports["cp"]),
-                              "SERVING_CONTROL_PLANE_URL": f"http://127.0.0.1:{ports['cp']}",
-                              "SERVING_WORKER_PORT": str(ports["worker"]), "SERVING_WORKER_GRPC_PORT": "0",
-                              "SERVING_WORKER_CACHE": str(home / "worker.json"),
-                              "SERVING_LLM_LAUNCHER_PORT": str(ports["launcher"]),
-                              "SERVING_LLM_LAUNCHER_URL": self.launcher,
-                              "SERVING_STATISTICS_ENABLED": "false", "SERVING_CLIENT_KEYS_REQUIRED": "false",
-                              "SERVING_TOKEN": None, "SERVING_ADMIN_TOKEN": None, "SERVING_WORKER_TOKEN": None,
-                              "PYTHONUNBUFFERED": "1"})
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen:
-        log = open(self.root / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def cli(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "serving.cli.main", *args], env=self.env, cwd=REPO, check=True,
-                       capture_output=True, timeout=900)
-
-    def start(self, model_dir: Path, options: list[str], key: str) -> None:
-        cp = self.spawn("control-plane", "control-plane")
-        wait_http(f"{self.env['SERVING_CONTROL_PLANE_URL']}/health", 120, [cp])
-        launcher = self.spawn("llm", "llm")
-        wait_http(f"{self.launcher}/health", 120, [launcher])
-        worker = self.spawn("worker", "worker")
-        wait_http(f"{self.worker}/v2/health/live", 120, [worker])
-        self.cli("model", "upload", "--name", "bench-llm", "--path", str(model_dir))
-        for policy, endpoint in POLICIES.items():
-            self.cli("model", "add", "--engine", "vllm", "--endpoint", endpoint, "--model", "bench-llm:1",
-                     "--aux-config", *options, f"routing={policy}")
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            replicas = httpx.get(f"{self.launcher}/engines", timeout=10).json()["engines"].get(key, {}).get("replicas")
-            if replicas and all(r["state"] == "ready" for r in replicas):
-                return
-            time.sleep(2)
-        raise SystemExit(f"the replicas did not start; see {self.root}/llm.log")
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            stop(proc)
-
-
 def run(conversations: int, turns: int, streams: int, context: int, max_tokens: int, hidden: int,
         cache_share: float, root: Path) -> dict:
     from serving.llm.naming import engine_key
-    from serving.testmodels_llm import CORPUS, build_tiny_llama
+    from serving.testmodels_llm import build_tiny_llama
 
     max_len = 1 << (context + turns * (max_tokens + 40)).bit_length()
     bundle = build_tiny_llama(root / "bench-llm", max_model_len=max_len, layers=LAYERS, hidden_size=hidden)
@@ -212,11 +153,13 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
     kv_gb = round(max(cache_share * total, 2.5 * max_len * token_bytes) / (1 << 30), 4)
     options = ["dtype=float32", f"max_model_len={max_len}", "replicas=2", f"kv_cache_space_gb={kv_gb}"]
     key = engine_key("bench-llm", 1, {"dtype": "float32", "max_model_len": max_len, "kv_cache_space_gb": kv_gb})
-    words = sorted({w for line in CORPUS for w in line.split()})
-    stack = Stack(root)
-    runs = []
+    words, stack, runs = corpus_words(), LLMStack(root), []
     try:
-        stack.start(bundle.path, options, key)
+        stack.start()
+        stack.cli("model", "upload", "--name", "bench-llm", "--path", str(bundle.path))
+        for policy, endpoint in POLICIES.items():
+            stack.deploy(endpoint, "bench-llm:1", [*options, f"routing={policy}"])
+        stack.wait_ready(key)
         url = f"{stack.worker}/serve/openai/v1/chat/completions"
         warm = Run("warm-up")  # the first requests of each replica pay for its warm-up: not any policy's
         asyncio.run(drive(url, "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
@@ -289,9 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
         result = run(args.conversations, args.turns, args.streams, args.context, args.max_tokens, args.hidden,
                      args.cache_share, Path(tmp))
     print_table(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "llm_routing.json").write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "llm_routing.png")
+    save(result, args.out, "llm_routing", plot)
     return result
 
 

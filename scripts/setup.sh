@@ -72,8 +72,9 @@ uv_from_pip_config() {
   [ -z "$value" ] || export UV_FIND_LINKS="$(echo $value | tr ' ' ',')"
   export UV_INDEX_STRATEGY=unsafe-best-match  # as pip: the best version over every index
 }
-if [ ! -x .venv/bin/python ]; then
+if [ ! -x .venv/bin/python ] || [ ! -x .venv/bin/pip ]; then  # none, or one whose creation was cut short
   echo "== creating .venv"
+  rm -rf .venv
   "$PY" -m venv .venv
 fi
 stamp=.venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-12)

@@ -146,6 +146,7 @@ class LLMSettings(CommonSettings):
     # vLLM flags every engine gets, before an endpoint's own extra_args (a JSON list: '["-O0"]')
     vllm_default_args: list[str] = Field(default_factory=list)
     vllm_start_timeout_s: float = 600.0  # an engine not answering /health by then is restarted
+    llm_max_crashes: int = Field(5, ge=1)  # an engine's exits within 15 min before it is given up (failed)
     llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
     llm_gpus: str | None = None         # GPU ids engine replicas are placed on ("0,1,2,3"); unset: CPU cores
 

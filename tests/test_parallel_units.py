@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.parallel import (HOST_NETWORK, HOST_NETWORK_PATHS, LONG_MODULES, VLLM_ENGINE_PATHS, VLLM_ENGINES,
-                                    rank, unit_of)
+from tests.support.parallel import HOST_NETWORK, HOST_NETWORK_PATHS, LONG_MODULES, VLLM_ENGINE_PATHS, rank, unit_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,12 +22,15 @@ def test_cluster_compose_and_browser_tests_share_one_unit_and_start_first():
     assert rank(ids[0]) < rank("tests/serving/triton/test_budget.py::test_b") < rank("tests/registry/test_api.py::test_c")
 
 
-def test_the_modules_that_start_vllm_engines_share_one_unit():
-    """Every test module naming the vLLM venv (an engine of its own) is in the vLLM unit, or in the
-    host-network one (the console's chat test)."""
+def test_the_modules_that_start_vllm_engines_start_first_each_a_unit_of_its_own():
+    """Every test module naming the vLLM venv (an engine of its own) is listed to start early, or is in
+    the host-network unit (the console's chat test)."""
     starting = {str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py")
                 if ".venv-vllm" in p.read_text() and p.name != Path(__file__).name}
     assert starting, "no module names the vLLM venv: the check looks for the wrong thing"
     for path in starting:
-        assert unit_of(f"{path}::t") in (VLLM_ENGINES, HOST_NETWORK), path
-    assert rank(f"{VLLM_ENGINE_PATHS[0]}::t") == rank("tests/deploy/kube/test_cluster.py::t") == 0
+        assert path in VLLM_ENGINE_PATHS or unit_of(f"{path}::t") == HOST_NETWORK, path
+    assert {unit_of(f"{p}::t") for p in VLLM_ENGINE_PATHS} == set(VLLM_ENGINE_PATHS)
+    host, first, last = (rank(f"{p}::t") for p in ("tests/deploy/kube/test_cluster.py", VLLM_ENGINE_PATHS[0],
+                                                    VLLM_ENGINE_PATHS[-1]))
+    assert host < first < last < rank(f"{LONG_MODULES[0]}::t") < rank("tests/registry/test_api.py::t")

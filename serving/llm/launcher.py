@@ -40,7 +40,6 @@ from serving.supervisor import Child, Supervisor, describe_exit
 log = logging.getLogger(__name__)
 
 UNLOAD_GRACE_S = 5.0
-MAX_CRASHES = 5            # exits within CRASH_WINDOW_S before an engine is given up (failed), as `serving up`
 CRASH_WINDOW_S = 900.0     # an engine takes about 45 s to start: a crash loop is slow
 
 
@@ -158,7 +157,8 @@ class Launcher:
     def _scale(self, engine: EngineSet) -> None:
         """As many replicas as the spec says: new slots are added, the highest ones stopped."""
         while len(engine.replicas) < engine.spec.replicas:
-            sup = Supervisor({}, self.log_dir, max_crashes=MAX_CRASHES, crash_window_s=CRASH_WINDOW_S)
+            sup = Supervisor({}, self.log_dir, max_crashes=self.settings.llm_max_crashes,
+                             crash_window_s=CRASH_WINDOW_S)
             engine.replicas.append(Engine(engine.key, len(engine.replicas), free_port(), sup))
         while len(engine.replicas) > engine.spec.replicas:
             self._stop_replica(engine.replicas.pop())
