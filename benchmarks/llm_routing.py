@@ -97,11 +97,12 @@ async def turn(session: aiohttp.ClientSession, url: str, endpoint: str, conv_id:
                         first = first or now
                         text.append(content)
                 usage = event.get("usage") or usage
-    if first is None:
+    if first is None and not usage:
         run.errors += 1
         return ""
     run.requests += 1
-    run.ttft_s.append(first - t0)
+    if first is not None:  # a random-weight model may answer only tokens that decode to nothing: no TTFT
+        run.ttft_s.append(first - t0)
     run.output_tokens += int(usage.get("completion_tokens") or 0)
     run.prompt_tokens.append(int(usage.get("prompt_tokens") or 0))
     return "".join(text)
