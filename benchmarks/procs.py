@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,14 +18,10 @@ from typing import Callable, Iterator
 
 import httpx
 
+from serving.ports import free_port
+
+__all__ = ["REPO", "child_env", "descendants", "free_port", "process", "run_threads", "stop", "wait_http"]
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    """A port the kernel just handed out; another process could take it, but rarely does."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:

@@ -30,6 +30,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from serving.ports import free_port
+
 console = Console()
 
 # Not in the training data; version 1 must label each as expected (tests/serving/test_demo_model.py).
@@ -41,14 +43,6 @@ TEXTS = [
 ]
 EXPECTED = ["POSITIVE", "NEGATIVE", "POSITIVE", "NEGATIVE"]
 V2_TRAIN_SIZE = 16  # version 2: the same encoder, its head fitted on far fewer examples
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stack_env(home: Path) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,12 +89,6 @@ def lora_flags(w: _Wanted) -> tuple[int, int] | None:
         return None
     rank = engine_rank(max([*w.asked_ranks, *w.ranks] if w.asked_ranks else [16, *w.ranks]))
     return rank, max(w.max_loras or [DEFAULT_MAX_LORAS])
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_cache_gb: float,

@@ -29,11 +29,12 @@ import httpx
 
 from serving.llm.adapter_loading import AdapterFolders, sync_adapters
 from serving.llm.engine_process import (
-    EngineSpec, engine_env, free_port, last_error, log_size, remove_segments, shm_segments, start_engine,
+    EngineSpec, engine_env, last_error, log_size, remove_segments, shm_segments, start_engine,
     vllm_command, wanted_engines,
 )
 from serving.llm.memory import EngineMemory
 from serving.llm.placement import replica_env
+from serving.ports import free_port
 from serving.settings import LLMSettings
 from serving.supervisor import Child, Supervisor, describe_exit
 

@@ -12,15 +12,11 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from serving.ports import free_port
 from serving.supervisor import stop_process
 
+__all__ = ["REPO", "WaitTimeout", "free_port", "port_open", "serving_process", "stop", "wait_http", "wait_until"]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
