@@ -128,7 +128,8 @@ def test_two_replicas_each_on_a_core_of_its_own_answer_as_transformers(llm, toke
     cpus = sorted(os.sched_getaffinity(0))
     assert binds == [",".join(map(str, cpus[:len(cpus) // 2])), ",".join(map(str, cpus[len(cpus) // 2:]))]
     for pid, bind in zip(pids, binds):  # vLLM did bind its compute threads there, not only read the variable
-        assert frozenset(map(int, bind.split(","))) in thread_cpu_sets(pid), (bind, thread_cpu_sets(pid))
+        cpu_sets = thread_cpu_sets(pid)
+        assert frozenset(map(int, bind.split(","))) in cpu_sets, (bind, cpu_sets)
     ids = tokenizer("the quick brown fox")["input_ids"]
     want = greedy_reference(llm.bundle.path, ids, 12)
     homes = [where(llm, lambda: complete(llm, "rr", ids, 1)) for _ in range(4)]
