@@ -121,7 +121,7 @@ def test_user_code_past_its_deadline_is_504_and_does_not_starve_other_endpoints(
     async def burst() -> tuple[float, int]:
         transport = httpx.ASGITransport(app=client.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://w") as c:
-            slow_calls = [asyncio.create_task(c.post("/serve/slow", json={"sleep": 1.5})) for _ in range(16)]
+            slow_calls = [asyncio.create_task(c.post("/serve/slow", json={"sleep": 5})) for _ in range(16)]
             await asyncio.sleep(0.1)  # the slow endpoint's threads are all busy now
             t = time.monotonic()
             r = await c.post("/serve/fast", json={"x": 1})
@@ -130,8 +130,9 @@ def test_user_code_past_its_deadline_is_504_and_does_not_starve_other_endpoints(
             return took, r.status_code
 
     took, status = asyncio.run(burst())
-    # 16 sleeping calls hold all 8 of the slow endpoint's threads; the fast one has its own
-    assert status == 200 and took < 1.0, took
+    # 16 sleeping calls hold all 8 of the slow endpoint's threads for 5 s; the fast one has its own
+    # (the bound is far from both, for a saturated machine)
+    assert status == 200 and took < 3.0, took
 
 
 def tiny_wheel(tmp_path: Path) -> Path:
