@@ -23,6 +23,8 @@ from tests.support.ci import cannot_run
 from tests.support.procs import port_open, wait_until
 
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
+# the engine's start counts against the test that waits for it (pytest-timeout's 300 s default is below START_S)
+pytestmark = pytest.mark.timeout(START_S + 180)
 GOOD = engine_key("tiny", 1, {"dtype": "float32", "max_model_len": 512})  # chat's engine: version and options
 BROKEN = engine_key("tiny", 2, {"extra_args": ["--no-such-flag"]})
 MAX_CRASHES = 2

@@ -35,6 +35,8 @@ from tests.support.procs import REPO, free_port, wait_until
 openai = require_module("openai")
 
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
+# the engine's start counts against the test that waits for it (pytest-timeout's 300 s default is below START_S)
+pytestmark = pytest.mark.timeout(START_S + 180)
 FILES = Path(__file__).parent / "clearml_vllm"
 MAX_BODY = 32_768
 CONTEXT = 2048

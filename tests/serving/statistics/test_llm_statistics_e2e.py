@@ -29,6 +29,8 @@ from tests.support.procs import free_port, stop, wait_until
 
 openai = require_module("openai")
 START_S = 420.0  # an engine starts in about 45 s alone; other suites share the machine's two cores
+# the engine's start counts against the test that waits for it (pytest-timeout's 300 s default is below START_S)
+pytestmark = pytest.mark.timeout(START_S + 180)
 DASHBOARD = REPO / "grafana" / "dashboards" / "llm.json"
 # series that exist only once a shadow copy was compared (this module sends none): checked against the
 # statistics service's declared families instead of Prometheus (shadow traffic: test_llm_rollouts_e2e)
