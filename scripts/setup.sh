@@ -139,7 +139,6 @@ if [ "${SKIP_VLLM:-0}" != 1 ]; then
       .venv/bin/uv pip install -q --python "$vdir/bin/python" --no-build $VLLM_PINS
       .venv/bin/uv pip uninstall -q --python "$vdir/bin/python" torchvision torchaudio torchcodec >/dev/null 2>&1 || true
       "$vdir/bin/python" -c "import vllm, transformers" # fails the set-up here rather than at an engine's start
-      rm -f "$vdir/.bytecode-compiled"
       touch "$vstamp"
     fi
     compile_bytecode "$vdir"

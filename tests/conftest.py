@@ -52,9 +52,11 @@ def no_leftovers(request):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from tests.support import cputime
+    """The CPU log (tests/support/cputime.py) in each process that runs tests, not in xdist's controller."""
+    if not _xdist_controller(config):
+        from tests.support import cputime
 
-    cputime.register(config)
+        cputime.register(config)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -5,6 +5,7 @@ instead of 26 (docs/architecture.md, "The test suite")."""
 from __future__ import annotations
 
 import importlib.util
+import py_compile
 import struct
 import subprocess
 from pathlib import Path
@@ -58,8 +59,6 @@ def test_the_check_finds_a_module_with_no_bytecode(tmp_path):
     source = tmp_path / "fresh.py"
     source.write_text("x = 1\n")
     assert "no " in stale(source)
-    import py_compile
-
     py_compile.compile(str(source), doraise=True)
     assert stale(source) is None
     source.write_text("x = 22\n")

@@ -58,10 +58,9 @@ class CpuLog:
 
 
 def register(config: pytest.Config) -> None:
-    """In each process that runs tests (an xdist worker, or pytest itself without xdist)."""
+    """When the log is asked for; called in each process that runs tests (tests/conftest.py)."""
     path = os.environ.get(ENV)
-    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
-    if path and not controller:
+    if path:
         config.pluginmanager.register(CpuLog(Path(path)), "cputime")
 
 
