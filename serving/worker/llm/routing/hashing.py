@@ -8,8 +8,10 @@ its keys.
 
 Bounded load (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2018):
 walking the key's order, take the first replica whose load after this request stays within
-``ceil(c * (total load + 1) / N)``. Some replica always fits for ``c >= 1``; a key moves off its first
-choice only while that one carries more than ``c`` times the average.
+``ceil(c * (total load + 1) / N) + headroom``. Some replica always fits for ``c >= 1``; a key moves off
+its first choice only while that one carries more than ``c`` times the average plus ``headroom``
+requests. The paper has no headroom; it is there for a caller whose keys are worth more than a few
+requests of queue (prefix.py: a key's replica holds its cached prompt).
 """
 from __future__ import annotations
 
@@ -31,15 +33,15 @@ def rendezvous(replicas: Sequence[Replica], key: bytes) -> list[Replica]:
     return sorted(replicas, key=lambda r: score(key, r.id), reverse=True)
 
 
-def capacity(replicas: Sequence[Replica], balance: float = BALANCE) -> float:
+def capacity(replicas: Sequence[Replica], balance: float = BALANCE, headroom: int = 0) -> float:
     """The most one replica may carry once this request is placed."""
     total = sum(r.load for r in replicas) + 1
-    return math.ceil(balance * total / max(len(replicas), 1))
+    return math.ceil(balance * total / max(len(replicas), 1)) + headroom
 
 
-def bounded(replicas: Sequence[Replica], key: bytes, balance: float = BALANCE) -> list[Replica]:
+def bounded(replicas: Sequence[Replica], key: bytes, balance: float = BALANCE, headroom: int = 0) -> list[Replica]:
     """``key``'s order, the first replica within capacity moved to the front."""
     ordered = rendezvous(replicas, key)
-    cap = capacity(replicas, balance)
+    cap = capacity(replicas, balance, headroom)
     first = next((r for r in ordered if r.load + 1 <= cap), ordered[0] if ordered else None)
     return [first, *(r for r in ordered if r is not first)] if first is not None else []

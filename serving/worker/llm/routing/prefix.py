@@ -4,8 +4,17 @@ their first tokens' keys and values, unless that replica is overloaded.
 The key is a hash of the prompt's first ``PREFIX_BLOCKS`` full blocks of ``BLOCK_TOKENS`` tokens (the
 prompt as the engine tokenizes it: a chat rendered with the model's template, serving/worker/llm/tokens.py):
 the turns of one conversation, or requests sharing a long system prompt, share it. The replica is the
-key's bounded-load choice (hashing.py): its rendezvous choice while that one carries at most 1.25 times
-the average load, else the next within bounds. A prompt shorter than one block goes to the least loaded.
+key's bounded-load choice (hashing.py): its rendezvous choice while that one, after this request,
+carries at most 1.25 times the average load plus ``HEADROOM`` requests, else the next within bounds.
+A prompt shorter than one block goes to the least loaded.
+
+Why the headroom: sent to its key's replica, a request's prefill is its new tokens only; sent anywhere
+else, it is the whole prompt, which for a long context is most of its time to first token. A few more
+requests on the key's replica cost each request there little (the engine batches their decode steps),
+so spilling while the replica is only a few requests above the average turned cache hits into full
+prefills: on 2 replicas and 4 streams, ``ceil(1.25 x 4 / 2) = 3`` moved a conversation whenever its
+replica held all three other requests (docs/llm-routing.md has the measured figures). Spilling still
+bounds a hot prefix: at high load the ``1.25 x`` average term dominates.
 """
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ from serving.worker.llm.routing.hashing import bounded
 
 BLOCK_TOKENS = 16    # vLLM's default KV cache block: its prefix cache matches whole blocks
 PREFIX_BLOCKS = 8    # 128 tokens: a system prompt or a conversation's first turn, not the user's last words
+HEADROOM = 4         # requests a key's replica may carry above the bound before a key spills
 
 
 class Prefix:
@@ -27,7 +37,7 @@ class Prefix:
         key = hint.prefix() if len(replicas) > 1 else None
         if not key:
             return by_load(replicas, self.rotation)
-        return bounded(replicas, key)
+        return bounded(replicas, key, headroom=HEADROOM)
 
 
 def prefix_key(token_ids: Sequence[int]) -> bytes | None:

@@ -12,7 +12,7 @@ import pytest
 from serving.worker.llm import routing
 from serving.worker.llm.routing.base import Replica, RouteHint
 from serving.worker.llm.routing.hashing import BALANCE, capacity, rendezvous
-from serving.worker.llm.routing.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
+from serving.worker.llm.routing.prefix import BLOCK_TOKENS, HEADROOM, PREFIX_BLOCKS, prefix_key
 
 
 def replicas(n: int) -> list[Replica]:
@@ -126,20 +126,35 @@ def test_prefix_keeps_a_conversations_turns_together_and_spreads_conversations()
 
 def test_prefix_spills_a_hot_prefix_within_the_bounded_load():
     """Every request shares one prefix (one system prompt for all): its home takes requests while its load
-    stays within ceil(1.25 * (total + 1) / N), and the next choice takes the rest; nothing is ever placed
-    past capacity."""
+    stays within ceil(1.25 * (total + 1) / N) + HEADROOM, and the next choice takes the rest; nothing is
+    ever placed past capacity."""
     policy, reps = routing.create("prefix"), replicas(4)
     hot = key_hint(prompt(7, 0))
     home = first(policy, reps, hot)
     for _ in range(200):  # requests arrive and stay (nothing finishes): loads only grow
-        cap = capacity(reps, BALANCE)
+        cap = capacity(reps, BALANCE, HEADROOM)
         chosen = first(policy, reps, hot)
         assert chosen.load + 1 <= cap, (chosen.id, chosen.load, cap)
         chosen.in_flight += 1
     preference = [r.load for r in rendezvous(reps, prefix_key(prompt(7, 0)))]
-    assert preference[0] == home.load == math.ceil(BALANCE * 200 / 4), preference
+    assert preference[0] == home.load == math.ceil(BALANCE * 200 / 4) + HEADROOM, preference
     assert preference == sorted(preference, reverse=True), f"the overflow fills the key's next choices in turn: {preference}"
     assert sum(preference) == 200
+
+
+def test_prefix_keeps_a_conversation_home_while_its_replica_is_a_few_requests_busier():
+    """The case the benchmark measured (docs/llm-routing.md): 2 replicas, 4 streams, and a conversation's
+    replica holding the other three requests. The bound without headroom, ceil(1.25 * 4 / 2) = 3, sent the
+    turn to the other replica, where its whole context was an uncached prefill; it stays home now. With
+    the other replica idle, home keeps its keys while h + 1 <= ceil(1.25 * (h + 1) / 2) + 4, up to 12."""
+    policy, reps = routing.create("prefix"), replicas(2)
+    hint = key_hint(prompt(3, 4))
+    home = rendezvous(reps, prefix_key(prompt(3, 4)))[0]
+    home.in_flight = 3
+    assert home.load + 1 > capacity(reps), "the paper's bound alone would move this turn"
+    assert first(policy, reps, hint) is home
+    stays = [h for h in range(40) if (setattr(home, "in_flight", h) or first(policy, reps, hint)) is home]
+    assert stays == list(range(13)), stays
 
 
 def test_prefix_of_a_short_prompt_goes_to_the_least_loaded():
@@ -149,9 +164,9 @@ def test_prefix_of_a_short_prompt_goes_to_the_least_loaded():
 
 
 def test_bounded_load_holds_over_random_loads():
-    """Mirrokni et al.'s bound, checked over 2,000 random states: the chosen replica never exceeds
-    ceil(c * (total + 1) / N) after taking the request, and it is the key's first choice whenever that
-    one fits."""
+    """Mirrokni et al.'s bound (with the prefix policy's headroom), checked over 2,000 random states: the
+    chosen replica never exceeds ceil(c * (total + 1) / N) + HEADROOM after taking the request, and it
+    is the key's first choice whenever that one fits."""
     rng = random.Random(0)
     policy = routing.create("prefix")
     for trial in range(2_000):
@@ -160,7 +175,7 @@ def test_bounded_load_holds_over_random_loads():
             r.in_flight = rng.choice([0, 0, 1, 2, 5, 20])
         key = trial.to_bytes(4, "little")
         order = policy.order(reps, RouteHint(prefix=lambda key=key: key))
-        cap = capacity(reps)
+        cap = capacity(reps, headroom=HEADROOM)
         assert order[0].load + 1 <= cap
         favourite = rendezvous(reps, key)[0]
         if favourite.load + 1 <= cap:
