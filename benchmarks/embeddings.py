@@ -10,8 +10,8 @@ pooling, normalized), the same weights on every system, in one run:
   (its best CPU engine: onnxruntime on the folder's ONNX file, which it optimizes itself) on the folder
   with the platform's ONNX export beside the weights;
 - ``st-fastapi``: sentence-transformers behind a plain FastAPI (benchmarks/systems/st_fastapi.py);
-- ``ceiling``: onnxruntime in-process, no HTTP, best batch size and thread layout
-  (benchmarks/systems/embedding_ceiling.py).
+- ``ceiling``: onnxruntime in-process, no HTTP, best batch size, thread layout and batch order
+  (consecutive sentences, or sentences grouped by length: benchmarks/systems/embedding_ceiling.py).
 
 Requests are OpenAI embeddings requests of 1 or 32 sentences (6-30 words of the tokenizer's vocabulary,
 a fixed seed), floats, sent closed-loop at each client count: one sentence a request by ``wrk``
@@ -235,7 +235,7 @@ def ceiling(corpus_path: Path, seconds: float) -> dict:
     levels = json.loads(out.stdout.strip().splitlines()[-1])["levels"]
     best = max(levels, key=lambda lv: lv["rps"])
     return {"sentences_per_s": best["rps"], "batch_size": best["batch_size"], "streams": best["concurrency"],
-            "intra_op_threads": best["intra_op_threads"], "cpu_ms_per_sentence": best.get("cpu_ms_per_text"),
+            "order": best.get("order", "as sent"), "intra_op_threads": best["intra_op_threads"], "cpu_ms_per_sentence": best.get("cpu_ms_per_text"),
             "levels": levels}
 
 
@@ -340,7 +340,8 @@ def table_rows(result: dict) -> list[list[str]]:
     top = result.get("ceiling")
     if top:
         cpu = top.get("cpu_ms_per_sentence")
-        rows.append(["ceiling", f"batch {top['batch_size']}", f"{top['streams']} stream(s)",
+        order = ", by length" if top.get("order") == "by length" else ""
+        rows.append(["ceiling", f"batch {top['batch_size']}{order}", f"{top['streams']} stream(s)",
                      f"{top['sentences_per_s']:.1f}", f"{top['sentences_per_s'] * result['mean_tokens']:.0f}",
                      "" if cpu is None else f"{cpu:.2f}", "", "", "0"])
     return rows

@@ -38,3 +38,18 @@ def test_ratios_table_and_plot(tmp_path):
     assert "| ceiling | batch 32 | 2 stream(s) | 100.0 | 2000 | 0.90 |" in text
     embeddings.plot(result, tmp_path / "e.png")
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_ceiling_also_batches_sentences_grouped_by_length(tmp_path):
+    """A batch of the sorted corpus pads little, as a server's length-grouping batcher does: without this
+    order the platform measured 1.3x "the ceiling"."""
+    from benchmarks.systems.embedding_ceiling import by_length
+    from serving.testmodels import minilm_dir
+
+    texts = ["one two three four five six seven", "one", "one two three", "one two"]
+    (tmp_path / "c.json").write_text(json.dumps(texts))
+    out = by_length(tmp_path / "c.json", minilm_dir(), tmp_path / "sorted.json")
+    assert json.loads(out.read_text()) == ["one", "one two", "one two three", "one two three four five six seven"]
+    row = embeddings.table_rows({"levels": [], "mean_tokens": 20.0, "ceiling": {
+        "sentences_per_s": 100.0, "batch_size": 32, "streams": 2, "order": "by length", "cpu_ms_per_sentence": 0.9}})
+    assert row == [["ceiling", "batch 32, by length", "2 stream(s)", "100.0", "2000", "0.90", "", "", "0"]]

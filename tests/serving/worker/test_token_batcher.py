@@ -42,10 +42,12 @@ class Engine:
 
     def __init__(self, delay: float = 0.0, fail_on: int | None = None) -> None:
         self.calls: list[tuple[int, int]] = []
+        self.real: list[list[int]] = []  # each call's rows' real lengths
         self.delay, self.fail_on = delay, fail_on
 
     async def send(self, inputs: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
         self.calls.append(inputs["input_ids"].shape)
+        self.real.append([int(n) for n in lengths])
         await asyncio.sleep(self.delay)
         if self.fail_on is not None and len(self.calls) == self.fail_on:
             raise RuntimeError("engine failed")
@@ -110,3 +112,21 @@ def test_free_slots_share_the_waiting_rows(in_flight):
 
     np.testing.assert_array_equal(asyncio.run(main())["out"], _expected(inputs))
     assert [rows for rows, _ in engine.calls] == [90 // in_flight] * in_flight
+
+
+def test_free_slots_share_the_waiting_tokens_so_their_calls_end_together():
+    """16 short rows first, then 16 long ones, on 2 slots: shared out by rows, one call took the 16 short
+    rows (80 tokens) and the other the 16 long ones (640): the first slot idled while the request waited
+    for the second. By tokens (the padding ratio keeps short and long rows apart) the long call takes
+    half the tokens, 360, and the short call's slot takes the other 280 after its 80: each slot
+    computes 360."""
+    engine = Engine(delay=0.01)
+    lengths = [5] * 16 + [40] * 16
+    inputs = _request(lengths, 4)
+
+    async def main() -> dict:
+        batcher = TokenBatcher(engine.send, max_tokens=100000, max_rows=None, max_in_flight=2)
+        return await batcher.submit(inputs, np.array(lengths), PAD)
+
+    np.testing.assert_array_equal(asyncio.run(main())["out"], _expected(inputs))
+    assert [sum(call) for call in engine.real] == [80, 360, 280], engine.real
