@@ -1,4 +1,4 @@
-"""``python -m benchmarks.llm_routing [--conversations 12] [--turns 3] [--streams 4] [--context 1500] [--quick]``.
+"""``python -m benchmarks.llm_routing [--conversations 12] [--turns 3] [--streams 4] [--context 1500] [--repeats 1] [--quick]``.
 
 The four routing policies (docs/llm-routing.md) side by side in one run, on one engine of two replicas:
 the platform as `serving up` runs it (control plane, the LLM launcher, one worker), the launcher pinning
@@ -14,6 +14,12 @@ of a conversation the other conversations pass through the engines. The model (`
 is wide enough that prefill is most of a request's time, and each replica's KV cache
 (``kv_cache_space_gb``) holds about ``--cache-share`` of all conversations' tokens: a replica that sees
 every conversation evicts, one that sees only its own keeps them.
+
+With ``--repeats N`` each policy runs N passes, in ABBA order over the policies (a drifting machine
+weighs on all alike), each pass on conversations of its own; a policy's figures pool its passes: its
+TTFT percentiles are over all its requests. p90 is the ~14th-slowest of one pass's 144 requests (12
+turns), after the 12 first turns, which no cache can help: one pass's p90 moves by a third between
+runs of the same code, and pooling passes steadies it.
 
 Figures per policy: TTFT p50/p90 (request sent to the first content chunk, measured by the client),
 output tokens/s (completion tokens over the policy's wall time), and the prefix-cache hit rate from vLLM's
@@ -58,6 +64,19 @@ class Run:
     prompt_tokens: list[int] = field(default_factory=list)
     hits: float = 0.0
     queries: float = 0.0
+    passes: list[dict] = field(default_factory=list)
+
+    def add(self, other: "Run") -> None:
+        """Pool another pass of the same policy: its requests, its time, its cache counters."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.output_tokens += other.output_tokens
+        self.wall_s += other.wall_s
+        self.ttft_s += other.ttft_s
+        self.prompt_tokens += other.prompt_tokens
+        self.hits += other.hits
+        self.queries += other.queries
+        self.passes.append({k: v for k, v in other.summary().items() if k != "passes"})
 
     def summary(self) -> dict:
         ttft = np.array(self.ttft_s) * 1000 if self.ttft_s else np.array([np.nan])
@@ -67,7 +86,7 @@ class Run:
                 "ttft_p90_ms": round(float(np.percentile(ttft, 90)), 1),
                 "prefix_cache_hit_rate": round(self.hits / self.queries, 3) if self.queries else None,
                 "mean_prompt_tokens": round(float(np.mean(self.prompt_tokens)), 1) if self.prompt_tokens else None,
-                "wall_s": round(self.wall_s, 2)}
+                "wall_s": round(self.wall_s, 2), "passes": self.passes}
 
 
 def conversation(rng: random.Random, words: list[str], context: int) -> list[dict]:
@@ -143,7 +162,7 @@ def counters(launcher: str, key: str) -> tuple[float, float]:
 
 
 def run(conversations: int, turns: int, streams: int, context: int, max_tokens: int, hidden: int,
-        cache_share: float, root: Path) -> dict:
+        cache_share: float, root: Path, repeats: int = 1) -> dict:
     from serving.llm.naming import engine_key
     from serving.testmodels_llm import build_tiny_llama
 
@@ -155,6 +174,7 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
     options = ["dtype=float32", f"max_model_len={max_len}", "replicas=2", f"kv_cache_space_gb={kv_gb}"]
     key = engine_key("bench-llm", 1, {"dtype": "float32", "max_model_len": max_len, "kv_cache_space_gb": kv_gb})
     words, stack, runs = corpus_words(), LLMStack(root), []
+    repeats = max(1, repeats)
     try:
         stack.start()
         stack.cli("model", "upload", "--name", "bench-llm", "--path", str(bundle.path))
@@ -164,31 +184,42 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
         url = f"{stack.worker}/serve/openai/v1/chat/completions"
         warm = Run("warm-up")  # the first requests of each replica pay for its warm-up: not any policy's
         asyncio.run(drive(url, "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
-        for i, policy in enumerate(POLICIES):
-            before = counters(stack.launcher, key)
-            r = asyncio.run(drive(url, policy, 1000 + i, words, conversations, turns, streams, context, max_tokens))
-            after = counters(stack.launcher, key)
-            r.hits, r.queries = after[0] - before[0], after[1] - before[1]
-            runs.append(r.summary())
-            console.print(f"{policy:13} {runs[-1]}")
+        pooled = {policy: Run(policy) for policy in POLICIES}
+        for rep in range(repeats):
+            for i, policy in enumerate(POLICIES if rep % 2 == 0 else list(POLICIES)[::-1]):
+                one = Run(policy)
+                before = counters(stack.launcher, key)
+                asyncio.run(drive(url, policy, 1000 + 10 * rep + list(POLICIES).index(policy), words, conversations,
+                                  turns, streams, context, max_tokens, one))
+                after = counters(stack.launcher, key)
+                one.hits, one.queries = after[0] - before[0], after[1] - before[1]
+                pooled[policy].add(one)
+                console.print(f"pass {rep + 1}: {policy:13} {one.summary()}")
+        runs = [pooled[policy].summary() for policy in POLICIES]
+        for r in runs:
+            console.print(f"{r['policy']:13} {r}")
     finally:
         stack.stop()
     return {"conversations": conversations, "turns": turns, "streams": streams, "context_words": context,
             "max_tokens": max_tokens, "hidden_size": hidden, "layers": LAYERS, "max_model_len": max_len,
-            "kv_cache_space_gb_per_replica": kv_gb, "cache_share": cache_share, "runs": runs,
+            "kv_cache_space_gb_per_replica": kv_gb, "cache_share": cache_share, "repeats": repeats, "runs": runs,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "load_average": " ".join(f"{x:.2f}" for x in __import__("os").getloadavg())}
 
 
 def print_table(result: dict) -> None:
+    passes = result.get("repeats", 1)
     table = Table(title=f"routing over 2 replicas: {result['conversations']} conversations x {result['turns']} turns, "
-                        f"{result['streams']} streams, ~{result['context_words']}-token contexts")
-    for col in ("policy", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix-cache hit rate", "errors"):
+                        f"{result['streams']} streams, ~{result['context_words']}-token contexts"
+                        + (f", {passes} passes pooled" if passes > 1 else ""))
+    for col in ("policy", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix-cache hit rate", "errors",
+                *(["TTFT p90 ms per pass"] if passes > 1 else [])):
         table.add_column(col, justify="right")
     for r in result["runs"]:
         table.add_row(r["policy"], f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p90_ms']:.0f}", f"{r['output_tokens_per_s']:.1f}",
                       "-" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.1%}",
-                      str(r["errors"]))
+                      str(r["errors"]),
+                      *([" / ".join(f"{p['ttft_p90_ms']:.0f}" for p in r.get("passes", []))] if passes > 1 else []))
     console.print(table)
 
 
@@ -224,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hidden", type=int, default=512, help="the model's hidden size (4 layers, heads of 32)")
     ap.add_argument("--cache-share", type=float, default=0.6,
                     help="each replica's KV cache as a share of all conversations' tokens")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="passes per policy, in ABBA order; a policy's figures pool its passes")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 4 conversations of 300 words, 2 turns")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = ap.parse_args(argv)
@@ -231,7 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.conversations, args.turns, args.context, args.hidden = 4, 2, 300, 128
     with tempfile.TemporaryDirectory(prefix="llm-routing-") as tmp:
         result = run(args.conversations, args.turns, args.streams, args.context, args.max_tokens, args.hidden,
-                     args.cache_share, Path(tmp))
+                     args.cache_share, Path(tmp), args.repeats)
     print_table(result)
     save(result, args.out, "llm_routing", plot)
     return result
