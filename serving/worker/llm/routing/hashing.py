@@ -39,9 +39,8 @@ def capacity(replicas: Sequence[Replica], balance: float = BALANCE, headroom: in
     return math.ceil(balance * total / max(len(replicas), 1)) + headroom
 
 
-def bounded(replicas: Sequence[Replica], key: bytes, balance: float = BALANCE, headroom: int = 0) -> list[Replica]:
-    """``key``'s order, the first replica within capacity moved to the front."""
-    ordered = rendezvous(replicas, key)
-    cap = capacity(replicas, balance, headroom)
+def within(ordered: Sequence[Replica], balance: float = BALANCE, headroom: int = 0) -> list[Replica]:
+    """``ordered`` (every replica, in the order preferred), the first within capacity moved to the front."""
+    cap = capacity(ordered, balance, headroom)
     first = next((r for r in ordered if r.load + 1 <= cap), ordered[0] if ordered else None)
     return [first, *(r for r in ordered if r is not first)] if first is not None else []

@@ -3,10 +3,12 @@ their first tokens' keys and values, unless that replica is overloaded.
 
 The key is a hash of the prompt's first ``PREFIX_BLOCKS`` full blocks of ``BLOCK_TOKENS`` tokens (the
 prompt as the engine tokenizes it: a chat rendered with the model's template, serving/worker/llm/tokens.py):
-the turns of one conversation, or requests sharing a long system prompt, share it. The replica is the
-key's bounded-load choice (hashing.py): its rendezvous choice while that one, after this request,
-carries at most 1.25 times the average load plus ``HEADROOM`` requests, else the next within bounds.
-A prompt shorter than one block goes to the least loaded.
+the turns of one conversation, or requests sharing a long system prompt, share it. The key's home is
+where this worker placed it before; a new key is placed by its rendezvous choice, bounded by the live
+keys each replica already homes (key_homes.py). The request goes to the key's home while that one,
+after this request, carries at most 1.25 times the average load plus ``HEADROOM`` requests (hashing.py),
+else to the next in the key's rendezvous order within that bound. A prompt shorter than one block goes
+to the least loaded.
 
 Why the headroom: sent to its key's replica, a request's prefill is its new tokens only; sent anywhere
 else, it is the whole prompt, which for a long context is most of its time to first token. A few more
@@ -22,7 +24,8 @@ import hashlib
 from typing import Sequence
 
 from serving.worker.llm.routing.base import Replica, RouteHint, Rotation, by_load
-from serving.worker.llm.routing.hashing import bounded
+from serving.worker.llm.routing.hashing import rendezvous, within
+from serving.worker.llm.routing.key_homes import KeyHomes
 
 BLOCK_TOKENS = 16    # vLLM's default KV cache block: its prefix cache matches whole blocks
 PREFIX_BLOCKS = 8    # 128 tokens: a system prompt or a conversation's first turn, not the user's last words
@@ -32,12 +35,14 @@ HEADROOM = 4         # requests a key's replica may carry above the bound before
 class Prefix:
     def __init__(self) -> None:
         self.rotation = Rotation()
+        self.homes = KeyHomes()
 
     def order(self, replicas: Sequence[Replica], hint: RouteHint) -> list[Replica]:
         key = hint.prefix() if len(replicas) > 1 else None
         if not key:
             return by_load(replicas, self.rotation)
-        return bounded(replicas, key, headroom=HEADROOM)
+        home = self.homes.home(key, replicas)
+        return within([home, *(r for r in rendezvous(replicas, key) if r is not home)], headroom=HEADROOM)
 
 
 def prefix_key(token_ids: Sequence[int]) -> bytes | None:

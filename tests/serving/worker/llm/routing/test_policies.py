@@ -168,8 +168,8 @@ def test_bounded_load_holds_over_random_loads():
     chosen replica never exceeds ceil(c * (total + 1) / N) + HEADROOM after taking the request, and it
     is the key's first choice whenever that one fits."""
     rng = random.Random(0)
-    policy = routing.create("prefix")
     for trial in range(2_000):
+        policy = routing.create("prefix")  # a new key in a fresh worker: its home is its rendezvous choice
         reps = replicas(rng.randint(2, 8))
         for r in reps:
             r.in_flight = rng.choice([0, 0, 1, 2, 5, 20])
