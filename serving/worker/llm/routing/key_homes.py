@@ -9,9 +9,12 @@ number of live keys, else to the next within that bound: bounded-load consistent
 keys, the balls and bins of Mirrokni, Thorup and Zadimoghaddam's paper. Placing a new key elsewhere
 costs nothing (no replica caches it yet); once placed, a key stays where it went.
 
-A key is live while requests carry it: one unseen for ``TTL_S`` (a conversation that ended) no longer
-counts, and at most ``MAX_KEYS`` are remembered. Worker processes keep their own maps; fed the same keys
-they place them alike, and a key's rendezvous choice is where most of them put it.
+A key counts toward its replica while requests carry it: one unseen for ``LIVE_S`` (a conversation
+that ended, or paused) no longer counts, as its cache entries are the first the engine evicts. Where it
+went is remembered longer (``HOME_S``, at most ``MAX_KEYS`` keys), so its next turn still goes home.
+Counting finished keys placed new ones by a past load: in the benchmark, the 12 conversations of one
+pass still counted during the next, whose 12 then split 4/8. Worker processes keep their own maps; fed
+the same keys they place them alike, and a key's rendezvous choice is where most of them put it.
 """
 from __future__ import annotations
 
@@ -24,16 +27,19 @@ from serving.worker.llm.routing.base import Replica
 from serving.worker.llm.routing.hashing import rendezvous
 
 KEY_BALANCE = 1.1   # a replica may home 10% more live keys than the average before new keys go elsewhere
-TTL_S = 600.0       # a key unseen this long is a finished conversation: it stops counting
-MAX_KEYS = 100_000  # the oldest keys beyond this are forgotten
+LIVE_S = 30.0       # a key unseen this long stops counting toward its replica's keys
+HOME_S = 3600.0     # ... and this long, its home is forgotten
+MAX_KEYS = 100_000  # the least recently seen keys beyond this are forgotten
 
 
 class KeyHomes:
-    def __init__(self, ttl_s: float = TTL_S, max_keys: int = MAX_KEYS,
+    def __init__(self, live_s: float = LIVE_S, home_s: float = HOME_S, max_keys: int = MAX_KEYS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.max_keys, self.clock = ttl_s, max_keys, clock
-        self._homes: OrderedDict[bytes, tuple[str, float]] = OrderedDict()  # least recently seen first
-        self._count: Counter[str] = Counter()
+        self.live_s, self.home_s, self.max_keys, self.clock = live_s, home_s, max_keys, clock
+        # key -> (replica id, last seen), least recently seen first: every key remembered, and the live ones
+        self._homes: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self._live: OrderedDict[bytes, tuple[str, float]] = OrderedDict()
+        self._count: Counter[str] = Counter()  # live keys per replica id
 
     def home(self, key: bytes, replicas: Sequence[Replica]) -> Replica:
         """``key``'s replica among ``replicas``: where it went before, else placed now."""
@@ -41,10 +47,7 @@ class KeyHomes:
         self._expire(now)
         by_id = {r.id: r for r in replicas}
         known = self._homes.get(key)
-        if known is not None and known[0] in by_id:
-            self._remember(key, known[0], now)
-            return by_id[known[0]]
-        chosen = self._place(key, replicas)
+        chosen = by_id[known[0]] if known is not None and known[0] in by_id else self._place(key, replicas)
         self._remember(key, chosen.id, now)
         return chosen
 
@@ -59,18 +62,25 @@ class KeyHomes:
         return next((r for r in ordered if self._count[r.id] + 1 <= cap), ordered[0])
 
     def _remember(self, key: bytes, replica_id: str, now: float) -> None:
-        old = self._homes.pop(key, None)
+        self._homes.pop(key, None)
+        self._homes[key] = (replica_id, now)
+        old = self._live.pop(key, None)
         if old is not None:
             self._count[old[0]] -= 1
-        self._homes[key] = (replica_id, now)
+        self._live[key] = (replica_id, now)
         self._count[replica_id] += 1
         while len(self._homes) > self.max_keys:
-            self._forget_oldest()
+            self._forget(self._homes)
+        while len(self._live) > self.max_keys:
+            self._forget(self._live)
 
     def _expire(self, now: float) -> None:
-        while self._homes and now - next(iter(self._homes.values()))[1] > self.ttl_s:
-            self._forget_oldest()
+        while self._live and now - next(iter(self._live.values()))[1] > self.live_s:
+            self._forget(self._live)
+        while self._homes and now - next(iter(self._homes.values()))[1] > self.home_s:
+            self._forget(self._homes)
 
-    def _forget_oldest(self) -> None:
-        _, (replica_id, _) = self._homes.popitem(last=False)
-        self._count[replica_id] -= 1
+    def _forget(self, keys: OrderedDict[bytes, tuple[str, float]]) -> None:
+        _, (replica_id, _) = keys.popitem(last=False)
+        if keys is self._live:
+            self._count[replica_id] -= 1

@@ -58,20 +58,24 @@ def test_a_key_stays_where_it_went_and_two_workers_fed_alike_agree():
     assert moved < 300 * 0.2, f"most keys keep their rendezvous choice: {moved} moved"
 
 
-def test_finished_keys_stop_counting_and_the_oldest_are_forgotten():
+def test_finished_keys_stop_counting_but_their_homes_are_remembered_longer():
     reps, clock = replicas(2), Clock()
-    homes = KeyHomes(ttl_s=600, max_keys=1000, clock=clock)
-    for k in lumpy_keys(reps):
-        homes.home(k, reps)
+    homes = KeyHomes(live_s=30, home_s=3600, max_keys=1000, clock=clock)
+    old = lumpy_keys(reps)
+    first = {k: homes.home(k, reps).id for k in old}
     assert sum(homes.live().values()) == 12
-    clock.now = 601.0
+    clock.now = 31.0
     fresh = b"a new conversation"
     assert homes.home(fresh, reps) is rendezvous(reps, fresh)[0], "nothing else is live: its own choice"
     assert homes.live() == {rendezvous(reps, fresh)[0].id: 1}
+    assert all(homes.home(k, reps).id == first[k] for k in old), "a paused conversation's next turn goes home"
+    clock.now = 31.0 + 3601
+    homes.home(fresh, reps)
+    assert len(homes._homes) == 1, "homes unseen for an hour are forgotten"
     small = KeyHomes(max_keys=3)
     for i in range(5):
         small.home(i.to_bytes(4, "little"), reps)
-    assert sum(small.live().values()) == 3
+    assert sum(small.live().values()) == 3 and len(small._homes) == 3
 
 
 def test_a_key_whose_replica_left_is_placed_again():
