@@ -68,14 +68,8 @@ class Run:
 
     def add(self, other: "Run") -> None:
         """Pool another pass of the same policy: its requests, its time, its cache counters."""
-        self.requests += other.requests
-        self.errors += other.errors
-        self.output_tokens += other.output_tokens
-        self.wall_s += other.wall_s
-        self.ttft_s += other.ttft_s
-        self.prompt_tokens += other.prompt_tokens
-        self.hits += other.hits
-        self.queries += other.queries
+        for name in ("requests", "errors", "output_tokens", "wall_s", "ttft_s", "prompt_tokens", "hits", "queries"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))  # numbers add, lists join
         self.passes.append({k: v for k, v in other.summary().items() if k != "passes"})
 
     def summary(self) -> dict:
