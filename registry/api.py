@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -59,15 +58,8 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     sessions = session_factory(engine)
     store = ArtifactStore(settings.resolved_artifact_dir())
     broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store))
-    refresh_lock = threading.Lock()
-
-    def refresh() -> None:
-        # Writes commit on many threads at once; one refresh at a time, each reading after the
-        # commit that called it, so the pushed snapshot never goes back to an older revision.
-        with refresh_lock:
-            broadcaster.refresh()
-
-    registry = Registry(sessions, store, on_change=refresh,
+    # writes commit on many threads at once; each refresh reads after the commit that called it
+    registry = Registry(sessions, store, on_change=broadcaster.refresh,
                         external_triton=settings.triton_model_repository is not None)
 
     @contextlib.asynccontextmanager

@@ -2,11 +2,16 @@
 
 Changes made by this process wake streams at once; a slow revision check also
 catches changes committed by another control-plane replica on the same database.
+Every refresh, from a commit or from that check, takes one lock across its read and its
+swap: two of them at once could finish out of order, and the one that read before a
+commit then put its older snapshot back over the newer one (``GET /config`` right after
+a deploy answered without the endpoint until the next check).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Callable
 
 import orjson
@@ -25,13 +30,18 @@ class Broadcaster:
         self.listeners = listeners or []
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()  # a refresh that reads later publishes later
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.refresh()
 
     def refresh(self) -> None:
-        """Rebuild the snapshot from the database; wake streams if it moved."""
+        """Rebuild the snapshot from the database; wake streams if it moved. Safe from any thread."""
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         with self.sessions() as s:
             snap = build_snapshot(s)
         if snap == self.snapshot:
