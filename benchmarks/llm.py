@@ -200,19 +200,29 @@ class Stack:
         for proc in reversed(self.procs):
             stop(proc)
 
-    def cpu_seconds(self) -> dict[str, float]:
-        """User + system CPU of the engine's and the worker's process trees so far (uvicorn serves in a
-        child of ``serving worker``; vLLM computes in children of its API server)."""
-        out = {}
+    def trees(self) -> dict[str, list[psutil.Process]]:
+        """The engine's and the worker's process trees (uvicorn serves in a child of ``serving worker``;
+        vLLM computes in children of its API server)."""
+        out: dict[str, list[psutil.Process]] = {}
         for name, proc in (("engine", self.procs[0]), ("worker", self.procs[-1])):
-            total = 0.0
             try:
                 root = psutil.Process(proc.pid)
-                for p in (root, *root.children(recursive=True)):
+                out[name] = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                out[name] = []
+        return out
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User + system CPU of each tree so far."""
+        out = {}
+        for name, procs in self.trees().items():
+            total = 0.0
+            for p in procs:
+                try:
                     t = p.cpu_times()
                     total += t.user + t.system
-            except psutil.Error:
-                pass
+                except psutil.Error:
+                    pass
             out[name] = total
         return out
 
@@ -253,12 +263,13 @@ def run(streams: list[int], max_tokens: int, rounds: int, root: Path, driver_cor
                                   f"  errors={level.errors}")
             levels += [pooled["direct"].summary(), pooled["platform"].summary()]
             loads.append(load_average())
+        counted = {name: len(procs) for name, procs in stack.trees().items()}
     finally:
         stack.stop()
     driver = "any core" if driver_core is None else f"core {driver_core}"
     return {"streams": streams, "max_tokens": max_tokens, "rounds": rounds, "repeats": repeats,
             "cpu_split": f"{stack.split}; driver on {driver}",
-            "load_average": loads, "levels": levels, "ratios": ratios(levels),
+            "load_average": loads, "levels": levels, "ratios": ratios(levels), "processes_counted": counted,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu_count": os.cpu_count()}
 
 

@@ -20,9 +20,10 @@ def test_quick_run_measures_both_systems(tmp_path):
         assert lv["output_tokens"] == 8 * n, lv  # greedy with ignore_eos: every answer 8 tokens
         assert lv["ttft_p50_ms"] > 0 and lv["itl_p50_ms"] > 0
         assert lv["cpu_s"]["engine"] > 0 and lv["cpu_s"]["driver"] > 0, lv
-    # the worker's process tree (uvicorn serves in a child) is found: it works only for the platform
-    worker = {s: sum(levels[(s, n)]["cpu_s"]["worker"] for n in (1, 2)) for s in ("direct", "platform")}
-    assert worker["platform"] > worker["direct"], worker
+    # the worker's whole process tree is counted (uvicorn serves in a child of `serving worker`), as is
+    # the engine's. Comparing the worker's CPU under the platform's levels with the direct ones' cannot
+    # tell: 3 requests of 8 tokens cost it about what its idle upkeep does (CI: 0.030 s against 0.030 s)
+    assert result["processes_counted"]["worker"] >= 2 and result["processes_counted"]["engine"] >= 1, result
     assert [r["streams"] for r in result["ratios"]] == [1, 2]
     assert json.loads((tmp_path / "llm.json").read_text())["levels"] == result["levels"]
     assert (tmp_path / "llm.png").read_bytes()[:4] == b"\x89PNG"
