@@ -180,7 +180,7 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
         asyncio.run(drive(url, "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
         pooled = {policy: Run(policy) for policy in POLICIES}
         for rep in range(repeats):
-            for i, policy in enumerate(POLICIES if rep % 2 == 0 else list(POLICIES)[::-1]):
+            for policy in (POLICIES if rep % 2 == 0 else list(POLICIES)[::-1]):
                 one = Run(policy)
                 before = counters(stack.launcher, key)
                 asyncio.run(drive(url, policy, 1000 + 10 * rep + list(POLICIES).index(policy), words, conversations,

@@ -13,6 +13,7 @@ server beats, as the first recorded runs showed (1.3x "the ceiling" at 32 client
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def _arg(argv: list[str], name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     description = "in-process onnxruntime ceiling of sentence embeddings"
     levels = [{**lv, "order": "as sent"} for lv in run_levels(argv, description, "1,8,32,64", 3.0, infer=embed)["levels"]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 from serving.worker.llm.routing.base import Replica
 
@@ -33,14 +33,21 @@ def rendezvous(replicas: Sequence[Replica], key: bytes) -> list[Replica]:
     return sorted(replicas, key=lambda r: score(key, r.id), reverse=True)
 
 
-def capacity(replicas: Sequence[Replica], balance: float = BALANCE, headroom: int = 0) -> float:
-    """The most one replica may carry once this request is placed."""
-    total = sum(r.load for r in replicas) + 1
+def _requests(replica: Replica) -> float:
+    return replica.load
+
+
+def capacity(replicas: Sequence[Replica], balance: float = BALANCE, headroom: int = 0,
+             load: Callable[[Replica], float] = _requests) -> float:
+    """The most one replica may carry once this request (or key: key_homes.py) is placed."""
+    total = sum(load(r) for r in replicas) + 1
     return math.ceil(balance * total / max(len(replicas), 1)) + headroom
 
 
-def within(ordered: Sequence[Replica], balance: float = BALANCE, headroom: int = 0) -> list[Replica]:
-    """``ordered`` (every replica, in the order preferred), the first within capacity moved to the front."""
-    cap = capacity(ordered, balance, headroom)
-    first = next((r for r in ordered if r.load + 1 <= cap), ordered[0] if ordered else None)
+def within(ordered: Sequence[Replica], balance: float = BALANCE, headroom: int = 0,
+           load: Callable[[Replica], float] = _requests) -> list[Replica]:
+    """``ordered`` (every replica, in the order preferred), the first within capacity moved to the front;
+    ``load``: what is bounded (requests running and waiting, unless told)."""
+    cap = capacity(ordered, balance, headroom, load)
+    first = next((r for r in ordered if load(r) + 1 <= cap), ordered[0] if ordered else None)
     return [first, *(r for r in ordered if r is not first)] if first is not None else []

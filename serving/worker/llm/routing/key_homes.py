@@ -18,13 +18,12 @@ the same keys they place them alike, and a key's rendezvous choice is where most
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter, OrderedDict
 from typing import Callable, Sequence
 
 from serving.worker.llm.routing.base import Replica
-from serving.worker.llm.routing.hashing import rendezvous
+from serving.worker.llm.routing.hashing import rendezvous, within
 
 KEY_BALANCE = 1.1   # a replica may home 10% more live keys than the average before new keys go elsewhere
 LIVE_S = 30.0       # a key unseen this long stops counting toward its replica's keys
@@ -56,10 +55,7 @@ class KeyHomes:
         return {rid: n for rid, n in self._count.items() if n}
 
     def _place(self, key: bytes, replicas: Sequence[Replica]) -> Replica:
-        ordered = rendezvous(replicas, key)
-        total = sum(self._count[r.id] for r in replicas) + 1
-        cap = math.ceil(KEY_BALANCE * total / len(replicas))
-        return next((r for r in ordered if self._count[r.id] + 1 <= cap), ordered[0])
+        return within(rendezvous(replicas, key), KEY_BALANCE, load=lambda r: self._count[r.id])[0]
 
     def _remember(self, key: bytes, replica_id: str, now: float) -> None:
         self._homes.pop(key, None)
