@@ -39,10 +39,9 @@ from typing import Iterator
 
 import httpx
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from benchmarks.corpus import make_corpus, word_list
+from benchmarks.embeddings_report import console, markdown, plot, print_table, ratios
 from benchmarks.procs import REPO, child_env, free_port, process, wait_http
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -50,7 +49,6 @@ CACHE_DIR = Path(__file__).resolve().parent / ".cache" / "embeddings"
 SYSTEMS = ("ceiling", "platform-ort", "platform-triton", "infinity", "st-fastapi")
 CHECK_TEXTS = 64
 MIN_WORDS, MAX_WORDS = 6, 30
-console = Console(width=132)
 
 
 @dataclass(frozen=True)
@@ -226,9 +224,14 @@ def load(target: Target, corpus_path: Path, shape: int, clients: int, warmup_s: 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ceiling(corpus_path: Path, seconds: float) -> dict:
+def ceiling(corpus_path: Path, seconds: float, only: dict | None = None) -> dict:
+    """The ceiling's sweep (every batch size, layout and order), or ``only`` the best configuration a
+    sweep found (its ``batch_size``, ``streams``, ``intra_op_threads`` and ``order``)."""
     args = [sys.executable, "-m", "benchmarks.systems.embedding_ceiling", "--onnx", str(onnx_file()),
             "--tokenizer", str(model_dir()), "--corpus", str(corpus_path), "--seconds", str(seconds)]
+    if only:
+        args += ["--order", only["order"].replace(" ", "-"), "--batch-sizes", str(only["batch_size"]),
+                 "--layout", f"{only['intra_op_threads']}x{only['streams']}"]
     out = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"ceiling failed: {out.stderr[-2000:]}")
@@ -244,7 +247,8 @@ def run(shapes: list[int], clients: list[int], seconds: float, warmup_s: float, 
     """Every wanted system started and kept up side by side (idle ones cost next to nothing), then each
     level measured on each system in turn, ``repeats`` passes in ABBA order (A B C, C B A, ...), a
     system's figure the mean of its passes: a shared machine's load drifts, and this way it drifts
-    under every system alike. The ceiling is measured before and after, its best kept."""
+    under every system alike. The ceiling's sweep runs before and after, its best kept; its best
+    configuration also runs beside each level, in the level's ABBA order (``level_passes``)."""
     corpus_path = log_dir / "corpus.json"
     texts = corpus(size, corpus_path)
     from transformers import AutoTokenizer
@@ -252,7 +256,8 @@ def run(shapes: list[int], clients: list[int], seconds: float, warmup_s: float, 
     tokens = AutoTokenizer.from_pretrained(str(model_dir()))(texts)["input_ids"]
     mean_tokens = float(np.mean([len(t) for t in tokens]))
     reference = st_encode(texts[:CHECK_TEXTS])
-    result = {"mean_tokens": mean_tokens, "levels": [], "systems": {}, "ceiling": None, "repeats": repeats}
+    result = {"mean_tokens": mean_tokens, "levels": [], "systems": {}, "ceiling": None, "ceiling_beside": [],
+              "repeats": repeats}
     ceilings = []
     if "ceiling" in wanted:
         ceilings.append(ceiling(corpus_path, seconds))
@@ -279,27 +284,8 @@ def run(shapes: list[int], clients: list[int], seconds: float, warmup_s: float, 
                 targets.append(target)
         for shape in shapes:
             for n in clients:
-                passes: dict[str, list[dict]] = {t.system: [] for t in targets}
-                for i in range(repeats):
-                    for target in targets if i % 2 == 0 else targets[::-1]:
-                        cpu0 = cpu_seconds(target.pid)
-                        measured = load(target, corpus_path, shape, n, warmup_s, seconds)
-                        answered = (measured["requests"] + measured.get("warmup_requests", 0)) * shape
-                        measured["cpu_ms_per_sentence"] = (cpu_seconds(target.pid) - cpu0) * 1000 / max(1, answered)
-                        passes[target.system].append(measured)
-                for system, measured in passes.items():
-                    level = {**measured[-1], "system": system, "shape": shape,
-                             "rps": float(np.mean([m["rps"] for m in measured])),
-                             "passes_rps": [round(m["rps"], 2) for m in measured],
-                             "cpu_ms_per_sentence": float(np.mean([m["cpu_ms_per_sentence"] for m in measured])),
-                             "errors": sum(m["errors"] for m in measured),
-                             "warmup_errors": sum(m["warmup_errors"] for m in measured)}
-                    level.update(sentences_per_s=level["rps"] * shape, tokens_per_s=level["rps"] * shape * mean_tokens)
-                    result["levels"].append(level)
-                    console.print(f"  {system}: {shape} a request, {n} clients: {level['sentences_per_s']:.1f} "
-                                  f"sentences/s (passes {level['passes_rps']} req/s), "
-                                  f"{level['cpu_ms_per_sentence']:.2f} CPU ms a sentence, p50 {level['p50_ms']:.1f} ms, "
-                                  f"{level['errors']} errors")
+                level_passes(result, targets, corpus_path, shape, n, warmup_s, seconds, repeats,
+                             ceilings[0] if ceilings else None)
     if "ceiling" in wanted:
         ceilings.append(ceiling(corpus_path, seconds))
         best = max(ceilings, key=lambda c: c["sentences_per_s"])
@@ -309,119 +295,45 @@ def run(shapes: list[int], clients: list[int], seconds: float, warmup_s: float, 
     return result
 
 
-def ratios(result: dict) -> list[dict]:
-    """Per shape and client count: the platform's sentences/s over Infinity's and over the ceiling."""
-    by = {(lv["system"], lv["shape"], lv["concurrency"]): lv["sentences_per_s"] for lv in result["levels"]}
-    top = (result.get("ceiling") or {}).get("sentences_per_s")
-    out = []
-    for (system, shape, n), rate in sorted(by.items()):
-        if not system.startswith("platform"):
-            continue
-        row = {"system": system, "shape": shape, "clients": n}
-        if by.get(("infinity", shape, n)):
-            row["vs_infinity"] = round(rate / by[("infinity", shape, n)], 2)
-        if by.get(("st-fastapi", shape, n)):
-            row["vs_st_fastapi"] = round(rate / by[("st-fastapi", shape, n)], 2)
-        if top:
-            row["vs_ceiling"] = round(rate / top, 2)
-        out.append(row)
-    return out
-
-
-# --- reporting -----------------------------------------------------------------------------------------
-
-def table_rows(result: dict) -> list[list[str]]:
-    rows = []
-    for lv in result["levels"]:
-        cpu = lv.get("cpu_ms_per_sentence")
-        rows.append([lv["system"], str(lv["shape"]), str(lv["concurrency"]), f"{lv['sentences_per_s']:.1f}",
-                     f"{lv['tokens_per_s']:.0f}", "" if cpu is None else f"{cpu:.2f}", f"{lv['p50_ms']:.1f}",
-                     f"{lv['p99_ms']:.1f}", str(lv["errors"] + lv["warmup_errors"])])
-    top = result.get("ceiling")
-    if top:
-        cpu = top.get("cpu_ms_per_sentence")
-        order = ", by length" if top.get("order") == "by length" else ""
-        rows.append(["ceiling", f"batch {top['batch_size']}{order}", f"{top['streams']} stream(s)",
-                     f"{top['sentences_per_s']:.1f}", f"{top['sentences_per_s'] * result['mean_tokens']:.0f}",
-                     "" if cpu is None else f"{cpu:.2f}", "", "", "0"])
-    return rows
-
-
-HEADERS = ["system", "sentences/request", "clients", "sentences/s", "tokens/s", "CPU ms/sentence", "p50 ms",
-           "p99 ms", "errors"]
-
-
-def print_table(result: dict) -> None:
-    table = Table(title=f"MiniLM-L6 embeddings ({result['machine']})")
-    for h in HEADERS:
-        table.add_column(h)
-    for row in table_rows(result):
-        table.add_row(*row)
-    console.print(table)
-    ratio = Table(title="platform / other (sentences/s)")
-    for h in ("system", "sentences/request", "clients", "vs infinity", "vs st-fastapi", "vs ceiling"):
-        ratio.add_column(h)
-    for r in result["ratios"]:
-        ratio.add_row(r["system"], str(r["shape"]), str(r["clients"]), *(str(r.get(k, "")) for k in
-                                                                         ("vs_infinity", "vs_st_fastapi", "vs_ceiling")))
-    console.print(ratio)
-
-
-def markdown(result: dict) -> str:
-    load = result.get("load_average") or {}
-    lines = [f"MiniLM-L6 embeddings, {result['machine']}, {result['date']}, mean {result['mean_tokens']:.1f} tokens "
-             f"a sentence, load average {load.get('before')} before and {load.get('after')} after; "
-             f"`{result['command']}`", "", "| " + " | ".join(HEADERS) + " |",
-             "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
-    lines += ["", "| platform | sentences/request | clients | vs Infinity | vs st-fastapi | vs ceiling |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['system']} | {r['shape']} | {r['clients']} | {r.get('vs_infinity', '')} | "
-              f"{r.get('vs_st_fastapi', '')} | {r.get('vs_ceiling', '')} |" for r in result["ratios"]]
-    lines += ["", "| system | lowest cosine to sentence-transformers | largest difference |", "|---|---|---|"]
-    lines += [f"| {name} | {s.get('min_cosine', s.get('failed', ''))} | {s.get('max_abs_diff', '')} |"
-              for name, s in result["systems"].items()]
-    return "\n".join(lines) + "\n"
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = sorted({lv["shape"] for lv in result["levels"]})
-    fig, axes = plt.subplots(1, len(shapes) + 1, figsize=(5.5 * (len(shapes) + 1), 4), squeeze=False)
-    cpu_ax = axes[0][-1]
-    systems = list(dict.fromkeys(lv["system"] for lv in result["levels"]))
-    colour = {system: f"C{i}" for i, system in enumerate(systems)}  # one colour a system on every panel
-    for system in systems:
-        for shape, style in zip(shapes, ("-", "--", ":")):
-            points = sorted((lv["concurrency"], lv.get("cpu_ms_per_sentence") or 0.0) for lv in result["levels"]
-                            if lv["system"] == system and lv["shape"] == shape)
-            cpu_ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=style, marker="o",
-                        color=colour[system], label=f"{system}, {shape}/request")
-    cpu_ax.set_xscale("log", base=2)
-    cpu_ax.set_yscale("log")
-    cpu_ax.set_xlabel("clients")
-    cpu_ax.set_ylabel("server CPU ms a sentence")
-    cpu_ax.set_title("CPU a sentence (lower is better)")
-    cpu_ax.legend(fontsize=6)
-    for ax, shape in zip(axes[0], shapes):
-        for system in systems:
-            points = sorted((lv["concurrency"], lv["sentences_per_s"]) for lv in result["levels"]
-                            if lv["system"] == system and lv["shape"] == shape)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colour[system], label=system)
-        if result.get("ceiling"):
-            ax.axhline(result["ceiling"]["sentences_per_s"], color="grey", linestyle="--", label="ceiling")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("clients")
-        ax.set_ylabel("sentences/s")
-        ax.set_title(f"{shape} sentence{'s' if shape > 1 else ''} a request")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"MiniLM-L6 embeddings: {result['machine']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def level_passes(result: dict, targets: list[Target], corpus_path: Path, shape: int, n: int, warmup_s: float,
+                 seconds: float, repeats: int, best_ceiling: dict | None) -> None:
+    """One level on every system, ``repeats`` ABBA passes, each system's figure the mean of its passes.
+    The ceiling's best configuration takes a turn in the same order (while the systems idle), so the
+    platform's share of it compares rates taken minutes apart: this box's speed drifts by 5 to 10%
+    over a quarter of an hour (the ceiling-like loop alone: 437.6, then 406 to 412 sentences/s)."""
+    runs: list[tuple[str, Target | None]] = [(t.system, t) for t in targets]
+    if best_ceiling:
+        runs.append(("ceiling", None))
+    passes: dict[str, list[dict]] = {name: [] for name, _ in runs}
+    for i in range(repeats):
+        for name, target in runs if i % 2 == 0 else runs[::-1]:
+            if target is None:
+                passes[name].append({"rps": ceiling(corpus_path, seconds, only=best_ceiling)["sentences_per_s"]})
+                continue
+            cpu0 = cpu_seconds(target.pid)
+            measured = load(target, corpus_path, shape, n, warmup_s, seconds)
+            answered = (measured["requests"] + measured.get("warmup_requests", 0)) * shape
+            measured["cpu_ms_per_sentence"] = (cpu_seconds(target.pid) - cpu0) * 1000 / max(1, answered)
+            passes[name].append(measured)
+    beside = passes.pop("ceiling", None)
+    if beside:
+        rate = float(np.mean([m["rps"] for m in beside]))
+        result["ceiling_beside"].append({"shape": shape, "clients": n, "sentences_per_s": rate,
+                                         "passes": [round(m["rps"], 1) for m in beside]})
+        console.print(f"  ceiling beside {shape} a request, {n} clients: {rate:.1f} sentences/s")
+    for system, measured in passes.items():
+        level = {**measured[-1], "system": system, "shape": shape,
+                 "rps": float(np.mean([m["rps"] for m in measured])),
+                 "passes_rps": [round(m["rps"], 2) for m in measured],
+                 "cpu_ms_per_sentence": float(np.mean([m["cpu_ms_per_sentence"] for m in measured])),
+                 "errors": sum(m["errors"] for m in measured),
+                 "warmup_errors": sum(m["warmup_errors"] for m in measured)}
+        level.update(sentences_per_s=level["rps"] * shape, tokens_per_s=level["rps"] * shape * result["mean_tokens"])
+        result["levels"].append(level)
+        console.print(f"  {system}: {shape} a request, {n} clients: {level['sentences_per_s']:.1f} "
+                      f"sentences/s (passes {level['passes_rps']} req/s), "
+                      f"{level['cpu_ms_per_sentence']:.2f} CPU ms a sentence, p50 {level['p50_ms']:.1f} ms, "
+                      f"{level['errors']} errors")
 
 
 def machine() -> str:

@@ -121,11 +121,13 @@ def run_levels(argv: list[str] | None, description: str, batch_sizes: str, secon
     p.add_argument("--batch-sizes", default=batch_sizes)
     p.add_argument("--seconds", type=float, default=seconds)
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--layout", default=None, help="THREADSxSTREAMS: that layout only (one already found best)")
     args = p.parse_args(argv)
     tok, texts = tokenizer(args.tokenizer), read_corpus(args.corpus)
     infer = infer or classify
     levels = []
-    for threads, streams in layouts(args.cores):
+    chosen = [tuple(map(int, args.layout.split("x")))] if args.layout else layouts(args.cores)
+    for threads, streams in chosen:
         sess = session(args.onnx, threads)
         for b in args.batch_sizes.split(","):
             levels.append({**measure_batch_size(sess, tok, texts, int(b), args.seconds, streams, infer),

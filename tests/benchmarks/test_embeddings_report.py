@@ -1,11 +1,11 @@
-"""benchmarks.embeddings without its systems: requests of N sentences as the load generator sends them,
+"""benchmarks.embeddings (and its report, benchmarks/embeddings_report.py) without its systems: requests of N sentences as the load generator sends them,
 and the ratios, table, markdown and plot from a run's figures, so the report cannot rot. The systems
 themselves run in the benchmark only (its own venv for Infinity); numbers are not checked here."""
 from __future__ import annotations
 
 import json
 
-from benchmarks import embeddings
+from benchmarks import embeddings_report as report
 from benchmarks.payloads import encode_all
 
 
@@ -29,14 +29,14 @@ def test_ratios_table_and_plot(tmp_path):
               "systems": {"platform-ort": {"min_cosine": 1.0, "max_abs_diff": 1e-7}, "infinity": {"failed": "x"}},
               "levels": [_level("platform-ort", 1, 8, 50.0), _level("infinity", 1, 8, 40.0),
                          _level("st-fastapi", 1, 8, 25.0), _level("platform-ort", 32, 8, 2.5)]}
-    result["ratios"] = embeddings.ratios(result)
+    result["ratios"] = report.ratios(result)
     assert result["ratios"] == [
-        {"system": "platform-ort", "shape": 1, "clients": 8, "vs_infinity": 1.25, "vs_st_fastapi": 2.0, "vs_ceiling": 0.5},
-        {"system": "platform-ort", "shape": 32, "clients": 8, "vs_ceiling": 0.8}]
-    text = embeddings.markdown(result)
+        {"system": "platform-ort", "shape": 1, "clients": 8, "vs_infinity": 1.25, "vs_st_fastapi": 2.0, "vs_best_ceiling": 0.5},
+        {"system": "platform-ort", "shape": 32, "clients": 8, "vs_best_ceiling": 0.8}]
+    text = report.markdown(result)
     assert "| platform-ort | 1 | 8 | 50.0 | 1000 | 1.50 |" in text and "| infinity | x |" in text
     assert "| ceiling | batch 32 | 2 stream(s) | 100.0 | 2000 | 0.90 |" in text
-    embeddings.plot(result, tmp_path / "e.png")
+    report.plot(result, tmp_path / "e.png")
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -50,6 +50,41 @@ def test_the_ceiling_also_batches_sentences_grouped_by_length(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(texts))
     out = by_length(tmp_path / "c.json", minilm_dir(), tmp_path / "sorted.json")
     assert json.loads(out.read_text()) == ["one", "one two", "one two three", "one two three four five six seven"]
-    row = embeddings.table_rows({"levels": [], "mean_tokens": 20.0, "ceiling": {
+    row = report.table_rows({"levels": [], "mean_tokens": 20.0, "ceiling": {
         "sentences_per_s": 100.0, "batch_size": 32, "streams": 2, "order": "by length", "cpu_ms_per_sentence": 0.9}})
     assert row == [["ceiling", "batch 32, by length", "2 stream(s)", "100.0", "2000", "0.90", "", "", "0"]]
+
+
+def test_the_ratio_to_the_ceiling_is_taken_against_the_ceiling_measured_beside_the_level(tmp_path):
+    """The box's speed drifts: a level is compared with the ceiling run in its own passes, and the best
+    sweep's ratio is shown beside it (the stricter figure)."""
+    result = {"mean_tokens": 20.0, "machine": "test", "date": "now", "command": "c", "systems": {},
+              "ceiling": {"sentences_per_s": 440.0, "batch_size": 32, "streams": 2, "order": "by length"},
+              "ceiling_beside": [{"shape": 32, "clients": 32, "sentences_per_s": 400.0, "passes": [410.0, 390.0]}],
+              "levels": [_level("platform-ort", 32, 32, 12.0), _level("platform-ort", 1, 32, 300.0)]}
+    result["ratios"] = report.ratios(result)
+    assert result["ratios"] == [
+        {"system": "platform-ort", "shape": 1, "clients": 32, "vs_best_ceiling": 0.68},
+        {"system": "platform-ort", "shape": 32, "clients": 32, "vs_ceiling": 0.96, "vs_best_ceiling": 0.87}]
+    assert "| platform-ort | 32 | 32 |  |  | 400.0 | 0.96 | 0.87 |" in report.markdown(result)
+    report.plot(result, tmp_path / "e.png")
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_ceiling_child_runs_one_configuration_when_told(tmp_path):
+    """Beside each level the benchmark runs only the sweep's best configuration: one level comes back,
+    the one asked for."""
+    import subprocess
+    import sys
+
+    from benchmarks import embeddings
+    from benchmarks.procs import REPO, child_env
+
+    (tmp_path / "c.json").write_text(json.dumps([f"one two {'three ' * (i % 7)}" for i in range(64)]))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.systems.embedding_ceiling", "--onnx", str(embeddings.onnx_file()),
+                          "--tokenizer", str(embeddings.model_dir()), "--corpus", str(tmp_path / "c.json"), "--seconds", "0.2",
+                          "--order", "by-length", "--batch-sizes", "8", "--layout", "1x2"],
+                         capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=600, check=True)
+    (level,) = json.loads(out.stdout.strip().splitlines()[-1])["levels"]
+    assert (level["order"], level["batch_size"], level["concurrency"], level["intra_op_threads"]) == ("by length", 8, 2, 1)
+    assert level["rps"] > 0
