@@ -7,16 +7,21 @@ what wastes one is padding. A request of 256 texts is 256 rows like any other: i
 under the budget, runs on every free slot at once, and comes back as one answer; single-text
 requests arriving together share calls.
 
-How a call is formed (:func:`take`): the oldest waiting row always goes (nothing waits forever), then
-the waiting rows closest to its length, while the call stays within the budget, the row cap (the
-engine's batch size: Triton's ``max_batch_size``) and a padding ratio (at most ``MAX_PADDING`` tokens
-computed per real token: on a CPU a padded position costs what a real one does, and the W2 benchmark
-measured mixed-length padded batches slower than one text at a time). Waiting rows are shared out
-over the free call slots by tokens (each call takes at most its slot's share of the waiting rows'
-real tokens), so a lone big request keeps every slot busy and the calls end together: shared out by
-rows, a call of the short rows ended long before the call of the long ones, and its core idled while
-the request waited for the other (MiniLM, 32 sentences a request, one client: each onnxruntime thread
-idle about a third of the time). With nothing waiting a request goes at once: no delay at low load.
+How a call is formed (:func:`take`): the oldest waiting row always goes (nothing waits forever), with
+the waiting rows of its length group, oldest first, while the call stays within the budget and the row
+cap (the engine's batch size: Triton's ``max_batch_size``). Length groups (:func:`groups`) cut the
+waiting rows' lengths where the padding a wider call computes would cost more than another call: a
+call costs a fixed share plus its padded tokens (rows x the longest), and the fixed share, in tokens,
+is fitted on this batcher's own calls (serving/worker/call_cost.py). On a CPU a padded position costs
+what a real one does, so with many rows waiting each call holds rows of one or two lengths (a 1.25x
+padding ratio let 32-row calls of 32 clients x 8 requests pad 12%: 5.2 CPU ms a sentence in
+onnxruntime against 4.7 unpadded), and with few waiting rows of mixed lengths they still share a call
+where a call of their own would cost more. Waiting rows are shared out over the free call slots by
+tokens (each call takes at most its slot's share of the waiting rows' real tokens), so a lone big
+request keeps every slot busy and the calls end together: shared out by rows, a call of the short rows
+ended long before the call of the long ones, and its core idled while the request waited for the
+other (MiniLM, 32 sentences a request, one client: each onnxruntime thread idle about a third of the
+time). With nothing waiting a request goes at once: no delay at low load.
 
 The caller's ``send`` runs one call and returns a fixed-size result per row (the encoder's
 ``reduce``: pooled vectors or scores), which is what lets rows of different requests and lengths
@@ -26,14 +31,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
+from serving.worker.call_cost import DEFAULT_TOKENS, CallCost
+
 Tensors = dict[str, np.ndarray]
 Send = Callable[[Tensors, np.ndarray], Awaitable[Tensors]]  # (inputs, row lengths) -> a result per row
-MAX_PADDING = 1.25  # tokens computed per real token in one call, at most
 
 
 @dataclass
@@ -57,24 +65,49 @@ class _Row:
     length: int
 
 
-def take(lengths: Sequence[int], max_tokens: int, max_rows: int | None, max_padding: float = MAX_PADDING,
+def groups(lengths: Sequence[int], max_tokens: int, max_rows: int | None,
+           call_tokens: float = DEFAULT_TOKENS) -> list[tuple[int, int]]:
+    """The waiting rows' lengths cut into ranges (shortest, longest) at the least cost, a range's rows
+    making one call or more, each costing ``call_tokens`` plus its padded tokens (rows x the range's
+    longest). Least cost by dynamic programming over the distinct lengths; a range never reaches rows
+    more than ``call_tokens`` shorter than its longest (each would pad more than a call costs)."""
+    counts = Counter(lengths)
+    values = sorted(counts)
+    best = [0.0] * (len(values) + 1)
+    start = [0] * (len(values) + 1)
+    for j, width in enumerate(values, 1):
+        per_call = max(1, min(max_rows or len(lengths), max_tokens // width))
+        rows, best[j] = 0, math.inf
+        for i in range(j, 0, -1):
+            if i < j and width - values[i - 1] > call_tokens:
+                break
+            rows += counts[values[i - 1]]
+            cost = best[i - 1] + math.ceil(rows / per_call) * call_tokens + rows * width
+            if cost < best[j]:
+                best[j], start[j] = cost, i - 1
+    cuts, j = [], len(values)
+    while j:
+        cuts.append((values[start[j]], values[j - 1]))
+        j = start[j]
+    return cuts[::-1]
+
+
+def take(lengths: Sequence[int], max_tokens: int, max_rows: int | None, call_tokens: float = DEFAULT_TOKENS,
          share: int | None = None) -> list[int]:
-    """Which waiting rows (indices into ``lengths``, oldest first) make the next call: the oldest,
-    then the rows closest to its length that keep the call within the budget (padded tokens), the row
-    cap, the padding ratio and ``share`` (real tokens)."""
-    head = lengths[0]
-    chosen, width, real = [0], head, head
-    cap = max_rows or len(lengths)
-    for i in sorted(range(1, len(lengths)), key=lambda j: (abs(lengths[j] - head), j)):
+    """Which waiting rows (indices into ``lengths``, oldest first) make the next call: the oldest, then
+    the oldest others of its length group (:func:`groups`) that keep the call within the budget (padded
+    tokens), the row cap and ``share`` (real tokens)."""
+    lo, hi = next(g for g in groups(lengths, max_tokens, max_rows, call_tokens) if g[0] <= lengths[0] <= g[1])
+    cap = max(1, min(max_rows or len(lengths), max_tokens // hi))
+    chosen, real = [0], lengths[0]
+    for i in range(1, len(lengths)):
         if len(chosen) >= cap:
             break
         n = lengths[i]
-        wide = max(width, n)
-        rows = len(chosen) + 1
-        if rows * wide <= max_tokens and rows * wide <= max_padding * (real + n) and (share is None or real + n <= share):
+        if lo <= n <= hi and (share is None or real + n <= share):
             chosen.append(i)
-            width, real = wide, real + n
-    return sorted(chosen)
+            real += n
+    return chosen
 
 
 class TokenBatcher:
@@ -87,6 +120,7 @@ class TokenBatcher:
         self.max_in_flight = max(1, int(max_in_flight))
         self._waiting: list[_Row] = []
         self._in_flight = 0
+        self.cost = CallCost()  # what one more call costs, in padded tokens, fitted on this batcher's calls
 
     async def submit(self, inputs: Tensors, lengths: np.ndarray, pad: Mapping[str, int],
                      led: list[int] | None = None) -> Tensors:
@@ -103,12 +137,12 @@ class TokenBatcher:
         free = self.max_in_flight - self._in_flight
         if not self._waiting or free <= 0:
             return
-        # one share for every slot free now: a call the padding ratio keeps small leaves its tokens waiting
+        # one share for every slot free now: a call its length group keeps small leaves its tokens waiting
         # for the next free slot, not to the last call formed now
         share = math.ceil(sum(r.length for r in self._waiting) / free)
         while self._waiting and self._in_flight < self.max_in_flight:
             lengths = [r.length for r in self._waiting]
-            picked = take(lengths, self.max_tokens, self.max_rows, share=share)
+            picked = take(lengths, self.max_tokens, self.max_rows, self.cost.tokens, share=share)
             keep = set(picked)
             rows = [self._waiting[i] for i in picked]
             self._waiting = [r for i, r in enumerate(self._waiting) if i not in keep]
@@ -119,7 +153,9 @@ class TokenBatcher:
     async def _call(self, rows: list[_Row]) -> None:
         try:
             inputs, lengths = _merge(rows)
+            started = time.perf_counter()
             results = await self.send(inputs, lengths)
+            self.cost.observe(len(rows) * int(lengths.max()), time.perf_counter() - started)
         except BaseException as exc:  # every request with a row in the call gets its error
             for request in {id(r.request): r.request for r in rows}.values():
                 if not request.future.done():

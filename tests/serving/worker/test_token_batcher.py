@@ -9,18 +9,43 @@ import asyncio
 import numpy as np
 import pytest
 
-from serving.worker.token_batcher import TokenBatcher, take
+from serving.worker.token_batcher import TokenBatcher, groups, take
 
 PAD = {"input_ids": 0, "attention_mask": 0}
 
 
-def test_take_keeps_the_oldest_and_groups_by_length_within_budget_cap_and_padding():
+def test_take_keeps_the_oldest_and_its_length_group_within_budget_and_cap():
     assert take([10], 100, None) == [0]
-    assert take([10, 50, 11, 9, 10], 1000, None) == [0, 2, 3, 4]  # 50 would pad the call past 1.25x
+    assert take([10, 50, 11, 9, 10], 1000, None) == [0, 2, 3, 4]  # 50 pads more than a call of its own costs
     assert take([10, 10, 10, 10], 30, None) == [0, 1, 2]  # 4 x 10 is over the budget of 30
     assert take([10, 10, 10, 10], 1000, 2) == [0, 1]  # the row cap
     assert take([600, 10], 512, None) == [0]  # a row longer than the budget still goes, alone
-    assert take([40, 32, 33, 48], 1000, None) == [0, 1, 2]  # 48 would make it 192 tokens for 153 real
+    assert take([40, 32, 33, 41, 40], 1000, None) == [0, 3, 4]  # 32 and 33 make their own call
+    assert take([12, 11, 30, 10, 12], 1000, None, share=30) == [0, 1]  # a third row would pass the slot's share
+
+
+def test_groups_weigh_padding_against_the_cost_of_one_more_call():
+    """A call costs ``call_tokens`` plus its padded tokens: few rows of near lengths share a call, many
+    rows of each length do not pad to share one, and a costlier call (a GPU's) pads further."""
+    assert groups([20, 21, 23], 100000, None, call_tokens=8) == [(20, 23)]  # 77 padded+call against 81 split
+    assert groups([20] * 30 + [21] * 30, 100000, 32, call_tokens=8) == [(20, 20), (21, 21)]  # 30 padded > 8
+    assert groups([5] * 16 + [40] * 16, 100000, None, call_tokens=8) == [(5, 5), (40, 40)]
+    assert groups([5, 40], 100000, None, call_tokens=8) == [(5, 5), (40, 40)]
+    assert groups([5, 40], 100000, None, call_tokens=100) == [(5, 40)]  # 180 together against 245 apart
+
+
+def test_many_waiting_rows_of_spread_lengths_make_calls_that_pad_little():
+    """32 clients x 8 requests of 32 sentences leave about 200 rows of lengths 10 to 40 waiting. Calls of
+    the 32 rows closest to the oldest's length, within 1.25 computed tokens a real one, padded 12%
+    (5.2 CPU ms a sentence in onnxruntime against 4.7 unpadded); the length groups pad under 5%."""
+    lengths = [int(n) for n in np.random.default_rng(5).integers(10, 41, size=200)]
+    waiting, padded, real = list(lengths), 0, 0
+    while waiting:
+        picked = take(waiting, 16384, 32)
+        rows = [waiting[i] for i in picked]
+        padded, real = padded + len(rows) * max(rows), real + sum(rows)
+        waiting = [n for i, n in enumerate(waiting) if i not in set(picked)]
+    assert padded / real < 1.05, padded / real
 
 
 def _request(lengths: list[int], seed: int) -> dict[str, np.ndarray]:
@@ -117,9 +142,10 @@ def test_free_slots_share_the_waiting_rows(in_flight):
 def test_free_slots_share_the_waiting_tokens_so_their_calls_end_together():
     """16 short rows first, then 16 long ones, on 2 slots: shared out by rows, one call took the 16 short
     rows (80 tokens) and the other the 16 long ones (640): the first slot idled while the request waited
-    for the second. By tokens (the padding ratio keeps short and long rows apart) the long call takes
+    for the second. By tokens the long call takes
     half the tokens, 360, and the short call's slot takes the other 280 after its 80: each slot
-    computes 360."""
+    computes 360. (Short and long rows are in length groups of their own: 35 tokens of padding a row
+    cost more than a call.)"""
     engine = Engine(delay=0.01)
     lengths = [5] * 16 + [40] * 16
     inputs = _request(lengths, 4)
@@ -130,3 +156,16 @@ def test_free_slots_share_the_waiting_tokens_so_their_calls_end_together():
 
     np.testing.assert_array_equal(asyncio.run(main())["out"], _expected(inputs))
     assert [sum(call) for call in engine.real] == [80, 360, 280], engine.real
+
+
+def test_the_batcher_fits_its_call_cost_on_its_own_calls():
+    engine = Engine()
+
+    async def main() -> TokenBatcher:
+        batcher = TokenBatcher(engine.send, max_tokens=64, max_rows=None, max_in_flight=1)
+        lengths = [int(n) for n in np.random.default_rng(6).integers(3, 30, size=40)]
+        await batcher.submit(_request(lengths, 7), np.array(lengths), PAD)
+        return batcher
+
+    batcher = asyncio.run(main())
+    assert batcher.cost.seen == len(engine.calls) > 1
