@@ -11,7 +11,9 @@ pooling, normalized), the same weights on every system, in one run:
   with the platform's ONNX export beside the weights;
 - ``st-fastapi``: sentence-transformers behind a plain FastAPI (benchmarks/systems/st_fastapi.py);
 - ``ceiling``: onnxruntime in-process, no HTTP, best batch size, thread layout and batch order
-  (consecutive sentences, or sentences grouped by length: benchmarks/systems/embedding_ceiling.py).
+  (consecutive sentences, or sentences grouped by length: benchmarks/systems/embedding_ceiling.py),
+  swept before and after; its best configuration runs again beside each level, in the level's passes,
+  and the platform's share of the ceiling is taken against that (the best sweep's ratio is shown too).
 
 Requests are OpenAI embeddings requests of 1 or 32 sentences (6-30 words of the tokenizer's vocabulary,
 a fixed seed), floats, sent closed-loop at each client count: one sentence a request by ``wrk``
