@@ -42,6 +42,7 @@ from serving.worker.call_cost import DEFAULT_TOKENS, CallCost
 
 Tensors = dict[str, np.ndarray]
 Send = Callable[[Tensors, np.ndarray], Awaitable[Tensors]]  # (inputs, row lengths) -> a result per row
+MAX_SPAN = 64  # distinct lengths one group may hold: bounds the cost of forming a call at O(lengths x 64)
 
 
 @dataclass
@@ -70,7 +71,9 @@ def groups(lengths: Sequence[int], max_tokens: int, max_rows: int | None,
     """The waiting rows' lengths cut into ranges (shortest, longest) at the least cost, a range's rows
     making one call or more, each costing ``call_tokens`` plus its padded tokens (rows x the range's
     longest). Least cost by dynamic programming over the distinct lengths; a range never reaches rows
-    more than ``call_tokens`` shorter than its longest (each would pad more than a call costs)."""
+    more than ``call_tokens`` shorter than its longest (each would pad more than a call costs), nor
+    more than ``MAX_SPAN`` distinct lengths (a GPU's costly calls would otherwise make the search
+    quadratic in the lengths waiting)."""
     counts = Counter(lengths)
     values = sorted(counts)
     best = [0.0] * (len(values) + 1)
@@ -79,7 +82,7 @@ def groups(lengths: Sequence[int], max_tokens: int, max_rows: int | None,
         per_call = max(1, min(max_rows or len(lengths), max_tokens // width))
         rows, best[j] = 0, math.inf
         for i in range(j, 0, -1):
-            if i < j and width - values[i - 1] > call_tokens:
+            if i < j and (width - values[i - 1] > call_tokens or j - i >= MAX_SPAN):
                 break
             rows += counts[values[i - 1]]
             cost = best[i - 1] + math.ceil(rows / per_call) * call_tokens + rows * width

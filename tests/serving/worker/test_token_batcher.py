@@ -32,6 +32,10 @@ def test_groups_weigh_padding_against_the_cost_of_one_more_call():
     assert groups([5] * 16 + [40] * 16, 100000, None, call_tokens=8) == [(5, 5), (40, 40)]
     assert groups([5, 40], 100000, None, call_tokens=8) == [(5, 5), (40, 40)]
     assert groups([5, 40], 100000, None, call_tokens=100) == [(5, 40)]  # 180 together against 245 apart
+    # lengths 1 to 100 once each, calls of 4096 tokens: one call (14,096) beats any two (15,692 for halves),
+    # but a group holds at most 64 distinct lengths, which bounds the search
+    cuts = groups(list(range(1, 101)), 10**6, None, 4096)
+    assert len(cuts) == 2 and all(hi - lo + 1 <= 64 for lo, hi in cuts), cuts
 
 
 def test_many_waiting_rows_of_spread_lengths_make_calls_that_pad_little():
