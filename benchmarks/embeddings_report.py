@@ -11,13 +11,18 @@ from rich.table import Table
 console = Console(width=132)
 
 
+def beside_rates(result: dict) -> dict[tuple[int, int], float]:
+    """(sentences a request, clients) -> the ceiling's sentences/s measured in that level's passes."""
+    return {(c["shape"], c["clients"]): c["sentences_per_s"] for c in result.get("ceiling_beside") or []}
+
+
 def ratios(result: dict) -> list[dict]:
     """Per shape and client count: the platform's sentences/s over Infinity's and over the ceiling's.
     ``vs_ceiling`` is over the ceiling measured beside that level (in its passes); ``vs_best_ceiling``
     over the best of the ceiling's sweeps before and after the run, the stricter and the one a drifting
     box's fast moment sets."""
     by = {(lv["system"], lv["shape"], lv["concurrency"]): lv["sentences_per_s"] for lv in result["levels"]}
-    beside = {(c["shape"], c["clients"]): c["sentences_per_s"] for c in result.get("ceiling_beside") or []}
+    beside = beside_rates(result)
     top = (result.get("ceiling") or {}).get("sentences_per_s")
     out = []
     for (system, shape, n), rate in sorted(by.items()):
@@ -62,7 +67,7 @@ RATIO_HEADERS = ["platform", "sentences/request", "clients", "vs Infinity", "vs 
 
 
 def ratio_rows(result: dict) -> list[list[str]]:
-    beside = {(c["shape"], c["clients"]): c["sentences_per_s"] for c in result.get("ceiling_beside") or []}
+    beside = beside_rates(result)
     return [[r["system"], str(r["shape"]), str(r["clients"]), str(r.get("vs_infinity", "")),
              str(r.get("vs_st_fastapi", "")), f"{beside[(r['shape'], r['clients'])]:.1f}" if (r["shape"], r["clients"]) in beside else "",
              str(r.get("vs_ceiling", "")), str(r.get("vs_best_ceiling", ""))] for r in result["ratios"]]

@@ -132,7 +132,7 @@ def run_levels(argv: list[str] | None, description: str, batch_sizes: str, secon
         for b in args.batch_sizes.split(","):
             levels.append({**measure_batch_size(sess, tok, texts, int(b), args.seconds, streams, infer),
                            "intra_op_threads": threads})
-    return {"levels": levels, "layouts": layouts(args.cores)}
+    return {"levels": levels, "layouts": chosen}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -66,6 +66,11 @@ class _Row:
     length: int
 
 
+def _per_call(width: int, waiting: int, max_tokens: int, max_rows: int | None) -> int:
+    """Rows of ``width`` tokens one call may hold: the row cap and the budget (a row over it goes alone)."""
+    return max(1, min(max_rows or waiting, max_tokens // width))
+
+
 def groups(lengths: Sequence[int], max_tokens: int, max_rows: int | None,
            call_tokens: float = DEFAULT_TOKENS) -> list[tuple[int, int]]:
     """The waiting rows' lengths cut into ranges (shortest, longest) at the least cost, a range's rows
@@ -79,7 +84,7 @@ def groups(lengths: Sequence[int], max_tokens: int, max_rows: int | None,
     best = [0.0] * (len(values) + 1)
     start = [0] * (len(values) + 1)
     for j, width in enumerate(values, 1):
-        per_call = max(1, min(max_rows or len(lengths), max_tokens // width))
+        per_call = _per_call(width, len(lengths), max_tokens, max_rows)
         rows, best[j] = 0, math.inf
         for i in range(j, 0, -1):
             if i < j and (width - values[i - 1] > call_tokens or j - i >= MAX_SPAN):
@@ -101,7 +106,7 @@ def take(lengths: Sequence[int], max_tokens: int, max_rows: int | None, call_tok
     the oldest others of its length group (:func:`groups`) that keep the call within the budget (padded
     tokens), the row cap and ``share`` (real tokens)."""
     lo, hi = next(g for g in groups(lengths, max_tokens, max_rows, call_tokens) if g[0] <= lengths[0] <= g[1])
-    cap = max(1, min(max_rows or len(lengths), max_tokens // hi))
+    cap = _per_call(hi, len(lengths), max_tokens, max_rows)
     chosen, real = [0], lengths[0]
     for i in range(1, len(lengths)):
         if len(chosen) >= cap:
