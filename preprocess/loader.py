@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from preprocess.base import Processor
 from preprocess.encoder import EncoderProcessor, is_encoder
+from preprocess.handler import HandlerProcessor
 from preprocess.passthrough import PassthroughProcessor
 from preprocess.tokenizer import TokenizerProcessor
 from preprocess.requirements import ensure_installed
@@ -91,4 +92,6 @@ def build_processor(spec: dict[str, Any], artifact_path: Callable[[str], Path], 
         return UserProcessor(artifact_path(spec["artifact"]), context)
     if kind == "none":
         return PassthroughProcessor()
+    if kind == "handler":  # the engine's handler does it all (a TorchServe archive's)
+        return HandlerProcessor()
     raise UserCodeError(f"unknown preprocess kind {kind!r}")

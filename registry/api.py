@@ -60,7 +60,8 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store))
     # writes commit on many threads at once; each refresh reads after the commit that called it
     registry = Registry(sessions, store, on_change=broadcaster.refresh,
-                        external_triton=settings.triton_model_repository is not None)
+                        external_triton=settings.triton_model_repository is not None,
+                        per_model_installs=settings.install_py_dep_per_model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -15,19 +15,60 @@ from typing import Any
 
 from registry.errors import BadRequest, Unprocessable
 from registry.signature import SignatureError, pytorch_kind
+from serving.torchserve.archive import ArchiveError, is_archive, read_archive, requirements
 from serving.triton.model_folder import ModelFolderError, describe
 from serving.triton.model_formats import (
     FORMATS, TRITON_ONLY, TritonFormat, format_named, servable_formats, target_format, unservable_message,
 )
 
 
+# The engine a deploy without --engine gets for a model of these formats (triton for any other): an
+# archive's handler is the archive's own way of serving it.
+IMPLIED_ENGINES: dict[str, str] = {"torchserve": "torchserve"}
+
+
+def implied_engine(framework: str | None) -> str:
+    return IMPLIED_ENGINES.get(framework or "", "triton")
+
+
 def upload_framework(path: Path, framework: str) -> str:
     """ClearML uploads TorchScript as ``--framework pytorch``: a TorchScript archive is Triton's
     ``pytorch_libtorch`` model whatever it was called; any other PyTorch file keeps its framework
     (and is refused with the ONNX export instructions)."""
+    if is_archive(path):  # a TorchServe archive, whatever it was called: its handler serves it
+        return "torchserve"
     if framework == "pytorch" and pytorch_kind(path) == "a TorchScript archive (torch.jit.save)":
         return "torchscript"
     return framework
+
+
+def archive_signature(path: Path, allow_requirements: bool) -> dict[str, Any]:
+    """A TorchServe archive's manifest and model-config.yaml (a 422 when it is not one TorchServe could
+    load). Its requirements.txt is installed by the workers only where the operator allows per-model
+    installs, as TorchServe's ``install_py_dep_per_model``; otherwise the upload is refused here."""
+    try:
+        info = read_archive(path)
+    except ArchiveError as exc:
+        raise Unprocessable(f"not a TorchServe archive the platform can serve: {exc}") from None
+    if info.requirements_file and not allow_requirements:
+        listed = ", ".join(requirements(path, info)) or "nothing"
+        raise Unprocessable(
+            f"the archive carries {info.requirements_file} ({listed}): per-model installs are off. Install those "
+            "packages into the workers' image, or let the workers install them per model with "
+            "SERVING_INSTALL_PY_DEP_PER_MODEL=true on the control plane and the workers (TorchServe's "
+            "install_py_dep_per_model; docs/torchserve.md)")
+    return info.signature()
+
+
+def handler_preprocess(engine: str, asked: Any, current: dict[str, Any]) -> dict[str, Any]:
+    """The endpoint's preprocess entry: a TorchServe archive's handler does its own pre- and
+    postprocessing, so engine torchserve's requests go to it whole (preprocess/handler.py)."""
+    if engine != "torchserve":
+        return {} if (current or {}).get("kind") == "handler" else current
+    if asked is not None and asked.kind != "none":
+        raise BadRequest("a TorchServe archive's handler does its own preprocessing: --tokenizer and --preprocess "
+                         "do not apply to engine torchserve")
+    return {"kind": "handler", "artifact": None, "options": {}}
 
 
 def triton_signature(path: Path, framework: str) -> dict[str, Any]:
@@ -56,6 +97,10 @@ def deployable_format(engine: str, framework: str, model_ref: str, triton_config
     Triton format the embedded Triton has no backend for."""
     if engine == "onnxruntime" and framework != "onnx":
         raise BadRequest(f"engine onnxruntime serves ONNX models; {model_ref} is {framework}")
+    if (engine == "torchserve") != (framework == "torchserve"):
+        raise BadRequest(f"engine torchserve serves TorchServe archives (.mar) with their handlers; {model_ref} is "
+                         f"{framework}" + (": deploy it with --engine torchserve (or no --engine)"
+                                           if framework == "torchserve" else ""))
     if engine != "triton":
         return
     fmt = target_format(framework, triton_config)

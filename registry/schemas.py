@@ -59,14 +59,18 @@ EndpointName = Annotated[str, AfterValidator(endpoint_name)]
 ModelName = Annotated[str, AfterValidator(model_name)]
 
 # Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
-ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm")
+ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm",
+           "torchserve",  # a TorchServe archive's handler, in the worker (docs/torchserve.md)
+           "torch")  # a PyTorch model with torch in the worker, where its ONNX export does not apply
 MODEL_LESS_ENGINES = ("custom", "custom_async")
 FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
               "tensorrt", "torchscript", "savedmodel", "openvino", "python",  # these five: Triton formats
               "hf-causal-lm",  # a Hugging Face causal LM folder (engine vllm)
-              "hf-lora")  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters.py)
-Engine = Literal["triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm"]
-LLM_ENGINES = ("vllm",)  # engine_options belong to these (serving/llm/checks.py)
+              "hf-lora",  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters.py)
+              "torchserve")  # a TorchServe model archive (.mar, torch-model-archiver), engine torchserve
+Engine = Literal[ENGINES]
+LLM_ENGINES = ("vllm",)  # serving/llm/checks.py checks their engine_options
+OPTION_ENGINES = (*LLM_ENGINES, "torchserve")  # engine_options (and --aux-config pairs) belong to these
 
 
 class TensorSpec(BaseModel):
@@ -166,7 +170,8 @@ class EndpointDeploy(BaseModel):
     endpoint: EndpointName
     model: ModelName | None = Field(None, description="model name; only custom engines may have none")
     version: int | None = Field(None, ge=1, le=MAX_VERSION, description="latest when omitted")
-    engine: Engine = "triton"
+    engine: Engine | None = Field(None, description="default: the one the model's format implies (a TorchServe "
+                                                    "archive: torchserve), else triton")
     preprocess: PreprocessSpec | None = None
     batching: Batching | None = None
     io: IODeclaration | None = Field(None, description="declared inputs/outputs (ClearML Serving flags)")
@@ -185,7 +190,7 @@ class EndpointDeploy(BaseModel):
     @field_validator("aux_config")
     @classmethod
     def _aux_valid(cls, pairs: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
-        if pairs and info.data.get("engine") not in LLM_ENGINES:
+        if pairs and info.data.get("engine") not in OPTION_ENGINES:
             aux_batching(pairs, None, None)  # refused here, so the 422 names aux_config
         return pairs
 
@@ -193,11 +198,16 @@ class EndpointDeploy(BaseModel):
     def _engine_options(self) -> "EndpointDeploy":
         """Engine vllm: --aux-config pairs are its options (explicit engine_options win), checked here so the
         422 names the option; other engines have none."""
-        if self.engine not in LLM_ENGINES:
+        if self.engine not in OPTION_ENGINES:
             if self.engine_options:
-                raise ValueError(f"engine_options are for engine {' or '.join(LLM_ENGINES)}, not {self.engine}")
+                raise ValueError(f"engine_options are for engine {' or '.join(OPTION_ENGINES)}, not {self.engine}")
             return self
         if self.aux_config is None and self.engine_options is None:
+            return self
+        if self.engine == "torchserve":  # batch size, delay, timeout, handler processes (serving/torchserve/options.py)
+            from serving.torchserve.options import check_options as check_torchserve
+
+            self.engine_options = check_torchserve({**(self.aux_config or {}), **(self.engine_options or {})})
             return self
         from serving.llm.checks import check_options, options_from_aux
 
@@ -208,7 +218,7 @@ class EndpointDeploy(BaseModel):
     def _aux(self) -> "EndpointDeploy":
         """Batching keys of --aux-config apply here (explicit batching fields win); other config.pbtxt
         keys go to an external Triton; platform and model file name are known already (ignored)."""
-        if self.aux_config and self.engine not in LLM_ENGINES:
+        if self.aux_config and self.engine not in OPTION_ENGINES:
             self.batching = aux_batching(self.aux_config, self.batching, self.io) or self.batching
         return self
 

@@ -44,6 +44,7 @@ class Registry:
     store: ArtifactStore
     on_change: Callable[[], None] = lambda: None
     external_triton: bool = False  # SERVING_TRITON_MODEL_REPOSITORY set: engine triton is a full Triton (registry/formats.py)
+    per_model_installs: bool = False  # SERVING_INSTALL_PY_DEP_PER_MODEL: an archive's requirements.txt is installed
 
     # --- revision -------------------------------------------------------------
     def revision(self) -> int:
@@ -98,7 +99,7 @@ class Registry:
             raise NotFound(f"artifact {req.artifact} was not uploaded")
         path = self.store.path(req.artifact)
         framework = formats.upload_framework(path, req.framework)
-        if framework not in formats.TRITON_ONLY:
+        if framework not in (*formats.TRITON_ONLY, "torchserve"):
             refuse_pytorch(path, framework, f"model {req.name}'s file")
         if req.base is not None and framework != "hf-lora":
             raise BadRequest(f"--base names the model a LoRA adapter was trained on; {req.name}'s upload is {framework}")
@@ -114,6 +115,8 @@ class Registry:
             signature = onnx_signature(path)
         elif framework in formats.TRITON_ONLY:
             signature = formats.triton_signature(path, framework)
+        elif framework == "torchserve":
+            signature = formats.archive_signature(path, self.per_model_installs)
         else:
             signature = {"inputs": [], "outputs": []}
         size = path.stat().st_size
@@ -191,6 +194,8 @@ class Registry:
 
     # --- endpoints --------------------------------------------------------------
     def deploy(self, req: schemas.EndpointDeploy) -> Endpoint:
+        if req.engine is None:
+            req = req.model_copy(update={"engine": self._implied_engine(req)})
         if req.shadow is not None:  # a copy of req.shadow% of the requests, never an answer
             return self.set_shadow(req)
 
@@ -207,6 +212,7 @@ class Registry:
             engine_changed, ep.engine = ep.engine != req.engine, req.engine
             if req.preprocess is not None:
                 ep.preprocess = req.preprocess.model_dump()
+            ep.preprocess = formats.handler_preprocess(req.engine, req.preprocess, ep.preprocess)
             if req.batching is not None or not ep.batching or engine_changed:  # another engine: its own default
                 # ClearML Serving's default: no batching when tensors are declared (sizes are whole shapes)
                 ep.batching = (req.batching or schemas.Batching(max_batch_size=0 if req.io else 32)).model_dump()
@@ -237,6 +243,16 @@ class Registry:
 
         self._write(put, f"deploying endpoint {req.endpoint}")
         return self.get_endpoint(req.endpoint)
+
+    def _implied_engine(self, req: schemas.EndpointDeploy) -> str:
+        """No --engine: the endpoint's own for a shadow, else what the model's format implies
+        (registry/formats.py: a TorchServe archive runs its handler), else triton."""
+        with self.sessions() as s:
+            if req.shadow is not None:
+                ep = s.scalar(select(Endpoint).where(Endpoint.name == req.endpoint))
+                return ep.engine if ep is not None else "triton"
+            model = _model(s, req.model, req.version) if req.model else None
+            return formats.implied_engine(model.framework if model is not None else None)
 
     def _check_deployable(self, req: schemas.EndpointDeploy, model: ModelVersion | None) -> None:
         if model is None:

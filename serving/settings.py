@@ -23,6 +23,9 @@ class CommonSettings(BaseSettings):
     control_plane_url: str = "http://127.0.0.1:8080"
     artifact_dir: Path | None = None  # shared artifact store path, when mounted
     worker_token: str | None = None  # worker role token (config stream, artifacts, statistics); else $HOME/tokens/worker
+    # TorchServe's install_py_dep_per_model: a TorchServe archive's requirements.txt is installed by the
+    # workers (serving/torchserve/); off, such an archive is refused at upload (docs/torchserve.md)
+    install_py_dep_per_model: bool = False
 
     def resolved_artifact_dir(self) -> Path:
         return self.artifact_dir or self.home / "artifacts"

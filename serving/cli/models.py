@@ -182,7 +182,8 @@ def parse_percent(text: str | None) -> float | None:
     return value
 
 
-_ENGINES = "triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async | vllm"
+_ENGINES = ("triton | onnxruntime | sklearn | xgboost | lightgbm | custom | custom_async | vllm | torchserve | "
+            "torch (default: what the model's format implies, a TorchServe archive torchserve; else triton)")
 
 
 @app.command()
@@ -192,7 +193,7 @@ def add(
     model: Optional[str] = typer.Option(None, "--model", "--name",
                                         help="NAME or NAME:VERSION (latest when omitted); none for a custom endpoint"),
     model_id: Optional[str] = typer.Option(None, "--model-id", help="the model id `model upload` printed"),
-    engine: str = typer.Option("triton", help=_ENGINES),
+    engine: Optional[str] = typer.Option(None, help=_ENGINES),
     tokenizer: Optional[Path] = typer.Option(None, file_okay=False, exists=True, help="Hugging Face tokenizer dir"),
     preprocess: Optional[Path] = typer.Option(None, dir_okay=False, exists=True, help="preprocess.py (ClearML interface)"),
     labels: Optional[str] = typer.Option(None, help="comma-separated class labels for the tokenizer postprocess"),
@@ -261,7 +262,7 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
-    notes = [] if engine == "vllm" else aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config"))
+    notes = [] if ep["engine"] == "vllm" else aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config"))
     for note in notes:
         console.print(f"note: {note}")
     for skip in (ep.get("auto_update") or {}).get("skipped") or ():
@@ -273,7 +274,7 @@ def add(
 app.command("auto-update")(add)
 
 
-def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine: str, tokenizer: Optional[Path],
+def _deploy_body(ctx: typer.Context, endpoint: str, model: Optional[str], engine: Optional[str], tokenizer: Optional[Path],
                  preprocess: Optional[Path], labels: Optional[str], max_length: int, pad_to_multiple_of: Optional[int],
                  canary: Optional[str], max_batch_size: Optional[int], max_queue_delay_us: Optional[int],
                  preferred_batch_size: list[int], instances: Optional[int], io_flags: tuple, aux_config: list[str],
@@ -342,9 +343,9 @@ def _io(flags: tuple) -> dict[str, Any] | None:
 
 
 def _tokenizer_spec(cp: ControlPlane, tokenizer: Path, labels: Optional[str], max_length: int,
-                    pad_to_multiple_of: Optional[int], engine: str, max_batch_size: int) -> dict[str, Any]:
+                    pad_to_multiple_of: Optional[int], engine: Optional[str], max_batch_size: int) -> dict[str, Any]:
     if pad_to_multiple_of is None:  # padding only pays where requests are batched together
-        pad_to_multiple_of = BATCH_PAD_MULTIPLE if engine == "triton" and max_batch_size > 0 else 0
+        pad_to_multiple_of = BATCH_PAD_MULTIPLE if engine in (None, "triton") and max_batch_size > 0 else 0
     if pad_to_multiple_of and max_length % pad_to_multiple_of:
         raise typer.BadParameter(f"--max-length {max_length} must be a multiple of --pad-to-multiple-of")
     options = {"max_length": max_length, "pad_to_multiple_of": pad_to_multiple_of,

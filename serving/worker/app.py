@@ -28,6 +28,7 @@ from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
 from serving.worker.frontends.openai import openai_router
 from serving.worker.frontends.tei import tei_router
+from serving.worker.frontends.torchserve import torchserve_router
 from serving.worker.frontends.v2 import v2_router
 from serving.worker.llm.relay import Generation
 from serving.worker.pipeline import RequestSender
@@ -65,7 +66,7 @@ def _routing_error(request: Request, exc: StarletteHTTPException) -> tuple[int, 
             return 405, f"method {method} is not allowed on {path} (allowed: POST)", {"Allow": "POST"}
         return 404, (f"no route {method} {path}; the worker serves POST /serve/{{endpoint}}[/{{version}}], "
                      "the v2 protocol under /v2/, the OpenAI API under /serve/openai/v1/, TEI's under "
-                     "/serve/tei/{endpoint}/ and GET /status"), headers
+                     "/serve/tei/{endpoint}/, TorchServe's /predictions/{name} and GET /status"), headers
     return exc.status_code, str(exc.detail), headers
 
 
@@ -180,6 +181,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
     app.include_router(openai_router(generation, settings.max_body_bytes))
     app.include_router(tei_router(dataplane, settings.max_body_bytes))  # /serve/tei/{endpoint}/...
+    app.include_router(torchserve_router(dataplane, settings.max_body_bytes))  # /predictions, /ping (TorchServe's)
 
     @app.get("/status")
     def status() -> dict:

@@ -126,8 +126,8 @@ class DataPlane:
         copies = self.shadow.pick(ep, body) if version is None else None
         stats = _Stats(ep.name, version=target.version, client=client)
         status = 500
+        state: dict[str, Any] = {}
         try:
-            state: dict[str, Any] = {}
             led: list[int] = []  # sizes of the token batches this request headed (encoder endpoints)
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
@@ -160,6 +160,7 @@ class DataPlane:
             status = exc.status
             raise
         finally:
+            stats.extra.update(state.get("event") or {})  # an engine's own fields (torchserve: its batch)
             self._record(stats, status)
 
     async def infer_tensors(self, name: str, inputs: dict[str, np.ndarray], version: int | None = None,

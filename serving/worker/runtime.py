@@ -35,6 +35,7 @@ class Target:
     engine_options: Mapping[str, Any] = field(default_factory=dict, compare=False)
     llm: Mapping[str, Any] = field(default_factory=dict, compare=False)
     lora: Mapping[str, Any] = field(default_factory=dict, compare=False)  # a LoRA adapter's: rank, base, ...
+    archive_version: str = field(default="", compare=False)  # a TorchServe archive's own --version (/predictions)
 
     @classmethod
     def from_snapshot(cls, t: dict[str, Any], batching: dict[str, Any] | None = None,
@@ -46,7 +47,8 @@ class Target:
                    max_batch=batch_size(batching, sig), role=str(t.get("role") or "stable"),
                    framework=_format(t.get("framework"), batching),
                    engine_options=dict(engine_options or {}), llm=dict(sig.get("llm") or {}),
-                   lora=dict(sig.get("lora") or {}))
+                   lora=dict(sig.get("lora") or {}),
+                   archive_version=str((sig.get("torchserve") or {}).get("model_version") or ""))
 
     @property
     def shadow(self) -> bool:

@@ -18,6 +18,7 @@ FACTORIES: dict[str, str] = {
     "custom": "serving.worker.engines.custom:create",
     "custom_async": "serving.worker.engines.custom:create_async",
     "vllm": "serving.worker.engines.vllm:create",
+    "torchserve": "serving.worker.engines.torchserve:create",
 }
 
 
