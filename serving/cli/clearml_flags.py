@@ -23,9 +23,10 @@ VARIADIC = frozenset({
 # ClearML's --framework names -> the registry's
 FRAMEWORK_ALIASES = {"scikit-learn": "sklearn", "scikitlearn": "sklearn", "sklearn": "sklearn", "xgboost": "xgboost",
                      "lightgbm": "lightgbm", "onnx": "onnx", "pytorch": "pytorch", "torch": "pytorch",
-                     "tensorflow": "tensorflow", "keras": "keras", "custom": "custom", "hf-causal-lm": "hf-causal-lm"}
+                     "tensorflow": "tensorflow", "keras": "keras", "custom": "custom", "hf-causal-lm": "hf-causal-lm",
+                     "torchserve": "torchserve", "mar": "torchserve"}
 _SUFFIX_FRAMEWORK = {".onnx": "onnx", ".pkl": "sklearn", ".pickle": "sklearn", ".joblib": "sklearn",
-                     ".json": "xgboost", ".ubj": "xgboost", ".pt": "pytorch", ".pth": "pytorch"}
+                     ".json": "xgboost", ".ubj": "xgboost", ".pt": "pytorch", ".pth": "pytorch", ".mar": "torchserve"}
 
 
 def expand_variadic(argv: list[str]) -> list[str]:

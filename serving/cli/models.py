@@ -13,6 +13,7 @@ from serving.cli.client import ControlPlane
 from serving.cli.encoder_folder import encoder_options, exported_folder
 from serving.cli.hf_folder import is_llm_folder, upload_folder
 from serving.llm.adapters import is_adapter_folder
+from serving.torchserve.archive import is_archive
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
 from serving.cli.triton_upload import triton_onnx_file, triton_upload, upload_triton
@@ -58,6 +59,9 @@ def upload(
     if is_adapter_folder(path) or base is not None:
         _upload_adapter(plane(ctx), name, path, base, tag)
         return
+    if path.is_file() and is_archive(path):  # a TorchServe archive goes as it is: its handler serves it
+        _upload_archive(plane(ctx), name, path, tag)
+        return
     exported = exported_folder(path, framework)
     if exported is not None:
         path, framework = exported, "onnx"
@@ -90,6 +94,17 @@ def upload(
                   f"sha256 {m['sha256'][:12]})")
     for skip in m.get("not_followed") or ():  # an auto-update endpoint whose engine cannot run it
         console.print(f"note: endpoint {skip['endpoint']} does not follow this version: {skip['reason']}")
+
+
+def _upload_archive(cp: ControlPlane, name: str, path: Path, tags: list[str]) -> None:
+    m = cp.post("/models", json={"name": name, "artifact": cp.upload_file(path), "framework": "torchserve",
+                                 "tags": tags})
+    info = (m.get("signature") or {}).get("torchserve") or {}
+    config = info.get("config") or {}
+    console.print(f"registered [bold]{m['name']}:{m['version']}[/bold] (model id {m.get('id')}), a TorchServe archive: "
+                  f"handler {info.get('handler')}, batch size {config.get('batchSize', 1)}, max batch delay "
+                  f"{config.get('maxBatchDelay', 100)} ms; serve it with `serving model add --endpoint {m['name']} "
+                  f"--model {m['name']}`")
 
 
 def _upload_adapter(cp: ControlPlane, name: str, path: Path, base: Optional[str], tags: list[str]) -> None:

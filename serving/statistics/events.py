@@ -53,6 +53,7 @@ import orjson
 
 from serving.statistics.embedding_events import EmbeddingCounts, parse_embedding
 from serving.statistics.llm_events import LlmTiming, parse_llm
+from serving.statistics.torchserve_events import TorchServeTiming, parse_torchserve
 
 SCHEMA = "serving.statistics/v1"
 STAGES = ("preprocess", "inference", "postprocess")
@@ -80,6 +81,7 @@ class StatisticsEvent:
     model_state: "ModelState | None" = None  # a load outcome of a worker process, not a request
     llm: LlmTiming | None = None  # a generation request's timings and token counts
     embedding: EmbeddingCounts | None = None  # an encoder request's texts, tokens and batches
+    torchserve: TorchServeTiming | None = None  # a TorchServe archive's request: its batch, queue time, metrics
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -97,6 +99,8 @@ class StatisticsEvent:
             out["llm"] = self.llm.to_dict()
         if self.embedding is not None:
             out["embedding"] = self.embedding.to_dict()
+        if self.torchserve is not None:
+            out["torchserve"] = self.torchserve.to_dict()
         return out
 
 
@@ -233,7 +237,7 @@ def parse_event(raw: Any) -> StatisticsEvent:
         custom=custom if isinstance(custom, dict) else {}, shadow=_shadow(raw.get("shadow")),
         key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
         model_state=_model_state(raw.get("model_state")), llm=parse_llm(raw.get("llm")),
-        embedding=parse_embedding(raw.get("embedding")),
+        embedding=parse_embedding(raw.get("embedding")), torchserve=parse_torchserve(raw.get("torchserve")),
     )
 
 

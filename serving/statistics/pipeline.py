@@ -23,6 +23,7 @@ from serving.statistics.llm_metrics import LlmMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
 from serving.statistics.model_metrics import ModelMetrics
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
+from serving.statistics.torchserve_metrics import TorchServeMetrics
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class StatisticsPipeline:
         self.models = ModelMetrics(registry)
         self.llm = LlmMetrics(registry)
         self.embeddings = EmbeddingMetrics(registry)
+        self.torchserve = TorchServeMetrics(registry)
         self.variables = VariableMetrics()
         self.drift = DriftMonitor(drift)
         self.drift.on_reference_complete = self._learned
@@ -117,6 +119,7 @@ class StatisticsPipeline:
         self.requests.observe(event)
         self.llm.observe(event)
         self.embeddings.observe(event.endpoint, event.version, event.embedding)
+        self.torchserve.observe(event.endpoint, event.version, event.latency_s, event.torchserve)
         defs = self.defs.get(event.endpoint)
         if defs is None or not event.custom:
             return

@@ -215,7 +215,7 @@ class HandlerPool:
 
     def _run(self, process: _Process, batch: list[_Pending]) -> None:
         sent = time.perf_counter()
-        timings = {"batch": len(batch)}
+        timings = {"batch": len(batch), "hostname": socket.gethostname()}
         try:
             if process.sock is None:
                 process.start()
