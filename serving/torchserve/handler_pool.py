@@ -99,6 +99,9 @@ class _Process:
         send(self.sock, batch)
         return receive(self.sock)
 
+    def alive(self) -> bool:
+        return self.sock is not None and self.proc is not None and self.proc.poll() is None
+
     def stop(self) -> None:
         if self.sock is not None:
             self.sock.close()
@@ -217,23 +220,26 @@ class HandlerPool:
         sent = time.perf_counter()
         timings = {"batch": len(batch), "hostname": socket.gethostname()}
         try:
-            if process.sock is None:
+            if not process.alive():  # ended since its last batch (or its restart failed): start it first
+                process.stop()
                 process.start()
             reply = process.run([p.request for p in batch], self.spec.response_timeout_s)
         except socket.timeout:
             log.warning("%s: a batch of %d passed responseTimeout %ss; restarting its handler process",
                         self.spec.model_name, len(batch), self.spec.response_timeout_s)
-            self._restart(process)
+            process.stop()  # its answers are not waited for: the clients hear at once, then it starts again
             self._fail(batch, HandlerAnswer(
                 status=504, error_type="RequestTimeoutException",
                 message=f"the handler did not answer within responseTimeout ({self.spec.response_timeout_s:g} s)"),
                 timings)
+            self._restart(process)
             return
         except Exception as exc:  # the process died, or could not be started again
             log.warning("%s: handler process failed: %s", self.spec.model_name, exc)
-            self._restart(process)
+            process.stop()
             self._fail(batch, HandlerAnswer(status=503, error_type="ServiceUnavailableException",
                                             message=f"the handler process failed: {exc}"), timings)
+            self._restart(process)
             return
         handler_s = float(reply.get("handler_s") or 0.0)
         metrics = list(reply.get("metrics") or ())  # the batch's custom metric lines, reported by its first request
