@@ -27,6 +27,17 @@ def packages_dir(requirements: list[str], root: Path) -> Path:
 
 def ensure_installed(requirements: list[str], root: Path) -> Path | None:
     """Install (once) and put on ``sys.path``; returns the directory, or None when nothing is needed."""
+    target = install_once(requirements, root)
+    if target is None:
+        return None
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    return target
+
+
+def install_once(requirements: list[str], root: Path) -> Path | None:
+    """Install into the set's own directory once (processes installing the same set wait on a lock);
+    the directory, or None when nothing is needed. Not put on any path: the caller decides whose."""
     requirements = [r.strip() for r in requirements if r and r.strip()]
     if not requirements:
         return None
@@ -37,8 +48,6 @@ def ensure_installed(requirements: list[str], root: Path) -> Path | None:
         if not (target / ".complete").exists():
             pip_install(requirements, target)
             (target / ".complete").touch()
-    if str(target) not in sys.path:
-        sys.path.insert(0, str(target))
     return target
 
 

@@ -44,6 +44,7 @@ class PoolSpec:
     workers: int = 1  # handler processes in this worker process
     threads: int = 0  # torch threads in each (0: torch's default)
     log_path: Path | None = None
+    packages: Path | None = None  # the archive's requirements, installed (per-model installs)
 
 
 @dataclass
@@ -77,7 +78,7 @@ class _Process:
                 [sys.executable, "-m", "serving.torchserve.handler_process", "--fd", str(child.fileno()),
                  "--spec", json.dumps(spec)],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=str(self.spec.model_dir), env=_child_env())
+                cwd=str(self.spec.model_dir), env=_child_env(self.spec.packages))
         finally:
             child.close()
             if out is not subprocess.DEVNULL:
@@ -130,10 +131,10 @@ def _gpu_for(index: int) -> int | None:
     return index % count if count else None
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(packages: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(packages or ""), root, env.get("PYTHONPATH", "")) if p)
     env.pop("PYTHONSAFEPATH", None)  # the handler's own modules are imported from its folder
     return env
 

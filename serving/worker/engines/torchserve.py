@@ -15,7 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from serving.torchserve.archive import ArchiveError, read_archive, unpack
+from preprocess.requirements import install_once
+from serving.torchserve.archive import ArchiveError, ArchiveInfo, read_archive, requirements, unpack
 from serving.torchserve.codec import HandlerAnswer, HandlerRequest
 from serving.torchserve.handler_pool import HandlerPool, PoolSpec
 from serving.torchserve.options import effective
@@ -39,9 +40,10 @@ class TorchServeEngine:
     kind = "python"
     handles_requests = True  # its processor passes the request through whole (preprocess/handler.py)
 
-    def __init__(self, artifact_path: Callable[[str], Path], root: Path) -> None:
+    def __init__(self, artifact_path: Callable[[str], Path], root: Path, per_model_installs: bool = False) -> None:
         self.artifact_path = artifact_path
-        self.root = root  # unpacked archives, handler logs
+        self.root = root  # unpacked archives, handler logs, per-model packages
+        self.per_model_installs = per_model_installs  # SERVING_INSTALL_PY_DEP_PER_MODEL
         self._pools: dict[tuple[str, str], HandlerPool] = {}
         self._lock = threading.Lock()
 
@@ -70,13 +72,25 @@ class TorchServeEngine:
         except ArchiveError as exc:
             raise RuntimeError(f"{target.model}:{target.version} is not a TorchServe archive: {exc}") from None
         model_dir = unpack(path, self.root / "archives")
+        packages = self._packages(target, path, info)
         values = effective(info, target.engine_options)
         logs = self.root / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         return PoolSpec(model_name=target.model, model_dir=model_dir, info=info, batch_size=values["batch_size"],
                         max_batch_delay_ms=values["max_batch_delay"], response_timeout_s=values["response_timeout"],
-                        workers=values["workers"], threads=values["threads"],
+                        workers=values["workers"], threads=values["threads"], packages=packages,
                         log_path=logs / f"{target.model}-v{target.version}-{target.artifact[:12]}.log")
+
+    def _packages(self, target: Target, path: Path, info: ArchiveInfo) -> Path | None:
+        """The archive's requirements.txt, installed once per set where the operator allows it (TorchServe's
+        install_py_dep_per_model); the control plane refuses such an archive otherwise."""
+        wanted = requirements(path, info)
+        if not wanted:
+            return None
+        if not self.per_model_installs:
+            raise RuntimeError(f"{target.model}:{target.version} needs {', '.join(wanted)} (its requirements.txt) and "
+                               "per-model installs are off on this worker (SERVING_INSTALL_PY_DEP_PER_MODEL)")
+        return install_once(wanted, self.root / "packages")
 
     def retain(self, targets: Iterable[Target]) -> None:
         keep = {self._key(t) for t in targets}
@@ -109,4 +123,6 @@ class TorchServeEngine:
 
 
 def create(settings: Any, artifact_path: Callable[[str], Path]) -> TorchServeEngine:
-    return TorchServeEngine(artifact_path, Path(settings.home) / "torchserve")
+    return TorchServeEngine(artifact_path, Path(settings.home) / "torchserve",
+                            bool(getattr(settings, "install_py_dep_per_model", False)))
+
