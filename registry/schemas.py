@@ -67,7 +67,8 @@ FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow",
               "tensorrt", "torchscript", "savedmodel", "openvino", "python",  # these five: Triton formats
               "hf-causal-lm",  # a Hugging Face causal LM folder (engine vllm)
               "hf-lora",  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters.py)
-              "torchserve")  # a TorchServe model archive (.mar, torch-model-archiver), engine torchserve
+              "torchserve",  # a TorchServe model archive (.mar, torch-model-archiver), engine torchserve
+              "torch-export", "pytorch-state-dict")  # with torchscript: engine torch (serving/pytorch/kinds.py)
 Engine = Literal[ENGINES]
 LLM_ENGINES = ("vllm",)  # serving/llm/checks.py checks their engine_options
 OPTION_ENGINES = (*LLM_ENGINES, "torchserve")  # engine_options (and --aux-config pairs) belong to these
@@ -87,9 +88,7 @@ class Signature(BaseModel):
 class ModelCreate(BaseModel):
     name: ModelName
     artifact: str = Field(description="sha256 of an uploaded artifact")
-    framework: Literal["onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
-                       "tensorrt", "torchscript", "savedmodel", "openvino", "python", "hf-causal-lm",
-                       "hf-lora"] = "onnx"
+    framework: Literal[FRAMEWORKS] = "onnx"
     signature: Signature | None = Field(None, description="inferred from the ONNX file, a Triton model's "
                                                           "config.pbtxt or a causal LM's config.json when omitted")
     tags: list[str] = []
