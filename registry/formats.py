@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from registry import pytorch_models
 from registry.errors import BadRequest, Unprocessable
 from registry.signature import SignatureError, pytorch_kind
 from serving.torchserve.archive import ArchiveError, is_archive, read_archive, requirements
@@ -24,7 +25,8 @@ from serving.triton.model_formats import (
 
 # The engine a deploy without --engine gets for a model of these formats (triton for any other): an
 # archive's handler is the archive's own way of serving it.
-IMPLIED_ENGINES: dict[str, str] = {"torchserve": "torchserve"}
+IMPLIED_ENGINES: dict[str, str] = {"torchserve": "torchserve",
+                                   **pytorch_models.IMPLIED}  # PyTorch files: torch in the worker (--engine triton: Triton)
 
 
 def implied_engine(framework: str | None) -> str:
@@ -101,6 +103,7 @@ def deployable_format(engine: str, framework: str, model_ref: str, triton_config
         raise BadRequest(f"engine torchserve serves TorchServe archives (.mar) with their handlers; {model_ref} is "
                          f"{framework}" + (": deploy it with --engine torchserve (or no --engine)"
                                            if framework == "torchserve" else ""))
+    pytorch_models.deployable(engine, framework, model_ref)
     if engine != "triton":
         return
     fmt = target_format(framework, triton_config)
@@ -135,6 +138,8 @@ def tensors_known(engine: str, model: Any, io: dict[str, Any] | None) -> None:
     known: declared by its own ``auto_complete_config`` (read at upload) or by the endpoint's
     ``--input-*``/``--output-*`` flags. Otherwise Triton would load it with zero inputs and refuse every
     request; a 422 at ``model add`` says what is missing instead."""
+    if engine == pytorch_models.TORCH_ENGINE:  # forward()'s inputs: the signature's, else the declared ones
+        return pytorch_models.tensors_known(model, io)
     signature = model.signature or {}
     if engine != "triton" or model.framework != "python" or "max_batch_size" in signature:
         return  # not a Python model, or its tensors came from a config.pbtxt or its auto_complete_config

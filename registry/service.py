@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from registry import formats, io_spec, schemas
+from registry import formats, io_spec, pytorch_models, schemas
 from registry.artifacts import ArtifactStore
 from registry.errors import BadRequest, Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
@@ -109,6 +109,8 @@ class Registry:
         elif framework == "hf-lora":
             signature = self._adapter_signature(path, req.base)
             self._check_llm_followers(req.name, signature)
+        elif framework in pytorch_models.CHECKED_UPLOADS:  # a .pt2 or a state-dict archive (engine torch)
+            signature = pytorch_models.upload_signature(path, framework, req.signature and req.signature.model_dump())
         elif req.signature is not None:
             signature = req.signature.model_dump()
         elif framework == "onnx":

@@ -6,9 +6,12 @@ longest sequence (``max_length``: rows of the position table). A request past th
 the client's mistake; knowing them here lets the worker answer 422 naming the input
 and its limit, instead of a backend's out-of-range traceback.
 
-A PyTorch checkpoint, TorchScript archive or safetensors file is recognised by its content and
-refused with how to export it to ONNX: that is the file a new user has, and otherwise the
-answer would be a parse error (or, uploaded as ``custom``, a model no engine but user code loads).
+A PyTorch checkpoint, TorchScript archive, exported program or safetensors file is recognised by its
+content and, registered as anything else, refused with the way to serve it: that is the file a new
+user has, and otherwise the answer would be a parse error (or, uploaded as ``custom``, a model no
+engine but user code loads). TorchScript, ``.pt2`` files and state dicts with their model file upload
+with ``serving model upload`` (serving/pytorch/); safetensors files and model folders get the ONNX
+export instructions.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import zipfile
 from pathlib import Path
 
 import onnx
+
+from serving.pytorch.kinds import TORCH_FRAMEWORKS, is_exported_program
 
 # onnx.TensorProto element types -> Triton / Open Inference Protocol datatypes
 ONNX_TO_TRITON = {
@@ -29,12 +34,26 @@ class SignatureError(ValueError):
     pass
 
 
-EXPORT_TO_ONNX = (
-    "the platform serves ONNX: export the model to ONNX first, then upload the .onnx file. A Hugging Face "
-    "model: `pip install optimum-onnx`, `optimum-cli export onnx --model MODEL_DIR --task text-classification "
-    "OUT_DIR/`, then `serving model upload --path OUT_DIR/model.onnx` and `serving model add ... --tokenizer "
-    "OUT_DIR`; any PyTorch module: `torch.onnx.export` (README, \"Your own model\"). To load this file yourself "
-    "in a custom engine's preprocess.py, upload it with --framework custom")
+_HOW_TO_EXPORT = (
+    "A Hugging Face model: `pip install optimum-onnx`, `optimum-cli export onnx --model MODEL_DIR --task "
+    "text-classification OUT_DIR/`, then `serving model upload --path OUT_DIR/model.onnx` and `serving model add "
+    "... --tokenizer OUT_DIR`; any PyTorch module: `torch.onnx.export` (README, \"Your own model\"). To load this "
+    "file yourself in a custom engine's preprocess.py, upload it with --framework custom")
+EXPORT_TO_ONNX = "the platform serves ONNX: export the model to ONNX first, then upload the .onnx file. " + _HOW_TO_EXPORT
+_CHECKPOINT = "a PyTorch checkpoint (torch.save)"
+_TORCHSCRIPT = "a TorchScript archive (torch.jit.save)"
+_PROGRAM = "a PyTorch exported program (torch.export.save)"
+_SERVED = ("exported to ONNX where onnxruntime agrees with torch, else served with torch in the worker "
+           "(docs/torchserve.md#plain-pytorch-files)")
+# what each kind of PyTorch file needs to be served; safetensors files and folders: EXPORT_TO_ONNX
+_HOW_TO_SERVE = {
+    _CHECKPOINT: ("a state dict is served with the Python file defining its nn.Module class: `serving model upload "
+                  f"--path FILE --model-file model.py --input-size 3 32 32 [--input-type float32]`, {_SERVED}"),
+    _TORCHSCRIPT: (f"`serving model upload --path FILE --input-size 3 32 32` uploads it, {_SERVED}; through the API, "
+                   "register it as framework torchscript"),
+    _PROGRAM: f"`serving model upload --path FILE.pt2` uploads it, {_SERVED}; through the API, register it as "
+              "framework torch-export",
+}
 # torch.save's legacy (non-zip) format: a protocol-2 pickle of this magic number comes first
 _TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19."
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -53,7 +72,7 @@ def pytorch_kind(path: Path) -> str | None:
     with open(path, "rb") as f:
         head = f.read(4096)
     if head.startswith(_TORCH_LEGACY_MAGIC):
-        return "a PyTorch checkpoint (torch.save)"
+        return _CHECKPOINT
     if head.startswith(b"PK\x03\x04"):
         return _torch_zip_kind(path)
     if _is_safetensors(head, path.stat().st_size):
@@ -67,11 +86,13 @@ def _torch_zip_kind(path: Path) -> str | None:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError):
         return None
+    if is_exported_program(path):
+        return _PROGRAM
     if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
         return None
     if any(n.endswith("/constants.pkl") for n in names):
-        return "a TorchScript archive (torch.jit.save)"
-    return "a PyTorch checkpoint (torch.save)"
+        return _TORCHSCRIPT
+    return _CHECKPOINT
 
 
 def _is_safetensors(head: bytes, size: int) -> bool:
@@ -90,11 +111,14 @@ def _is_safetensors(head: bytes, size: int) -> bool:
 
 
 def refuse_pytorch(path: Path, framework: str, label: str = "the upload") -> None:
-    """SignatureError (a 422) with the export instructions, unless ``framework`` is ``custom``
-    (user code may load any file it likes)."""
-    if framework == "custom":
+    """SignatureError (a 422) with the way to serve the file, unless ``framework`` is ``custom`` (user
+    code may load any file it likes) or one of engine torch's (serving/pytorch/kinds.py)."""
+    if framework == "custom" or framework in TORCH_FRAMEWORKS:
         return
     kind = pytorch_kind(path)
+    if kind in _HOW_TO_SERVE:
+        raise SignatureError(f"{label} is {kind}; {_HOW_TO_SERVE[kind]}. Or export it to ONNX yourself. "
+                             f"{_HOW_TO_EXPORT}")
     if kind is not None:
         raise SignatureError(f"{label} is {kind}; {EXPORT_TO_ONNX}")
 

@@ -49,6 +49,14 @@ class ControlPlaneSettings(CommonSettings):
     console_data_plane_url: str | None = None
     # seconds between two samples of the statistics the console keeps for its rates and charts
     console_sample_s: float = Field(5.0, gt=0, le=300)
+    # TorchServe's management API (registry/torchserve_api.py) on a port of its own, bound to
+    # control_plane_host and served by the control plane's process; 0: not served
+    torchserve_management_port: int = Field(8081, ge=0, le=65535)
+    # TorchServe's --model-store: POST /models?url=NAME.mar reads NAME.mar from here; unset: $SERVING_HOME/model-store
+    torchserve_model_store: Path | None = None
+
+    def resolved_torchserve_model_store(self) -> Path:
+        return self.torchserve_model_store or self.home / "model-store"
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'registry.db'}"
@@ -81,6 +89,7 @@ class WorkerSettings(CommonSettings):
     statistics_enabled: bool = True  # off only to measure what recording costs
     ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
+    torch_threads: int = 1           # torch engine: intra-op threads (torch.set_num_threads) of each worker process
     worker_memory_budget_mb: int = 0  # onnxruntime engine: its sessions' memory per process; 0: no budget, all loaded
     infer_timeout_s: float = 30.0    # per Triton call; past it the client gets a 503
     worker_batching: bool = False    # merge concurrent requests for one Triton model into one padded call

@@ -16,6 +16,7 @@ from serving.llm.adapters import is_adapter_folder
 from serving.torchserve.archive import is_archive
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
+from serving.cli.pytorch_upload import PytorchOptions, upload_pytorch
 from serving.cli.triton_upload import triton_onnx_file, triton_upload, upload_triton
 
 # Triton's batcher only groups requests of one shape: a few length buckets let different lengths share a batch.
@@ -48,6 +49,17 @@ def upload(
     hidden_size: int = typer.Option(0, help="hidden size, for --optimize (0: detect)"),
     base: Optional[str] = typer.Option(None, "--base", help="a PEFT LoRA adapter folder's base version, NAME:VERSION "
                                                             "(or its model id): served in that version's engines"),
+    model_file: Optional[Path] = typer.Option(None, "--model-file", exists=True, dir_okay=False,
+                                              help="PyTorch state dict (--path): the Python file defining its "
+                                                   "nn.Module class (docs/torchserve.md#plain-pytorch-files)"),
+    model_class: Optional[str] = typer.Option(None, help="--model-file's class, when it defines several"),
+    runtime: Optional[str] = typer.Option(None, help="PyTorch files: auto (default: ONNX where the export agrees "
+                                                     "with torch, else torch) | onnx | torch"),
+    input_name: list[str] = typer.Option([], help="PyTorch files: input names (default: forward()'s parameters)"),
+    input_type: list[str] = typer.Option([], help="PyTorch files: numpy dtype per input (default float32)"),
+    input_size: list[str] = typer.Option([], help="PyTorch files: one example's dims per input, without the batch "
+                                                  "dimension (-1: any size): 3 32 32, or \"[-1]\" per input"),
+    output_name: list[str] = typer.Option([], help="PyTorch files: output names (default: output__0, ...)"),
 ) -> None:
     """Upload a model file or folder (with a progress bar) and register it as a new version.
 
@@ -55,12 +67,18 @@ def upload(
     one model file or folder whose format is read from it (model.plan, model.pt, model.savedmodel/,
     model.xml with its .bin, model.py). A Hugging Face causal LM folder goes as one version (engine vllm);
     a PEFT LoRA adapter folder (adapter_config.json) as one version that knows its --base. A
-    sentence-transformers folder (an embedding model or a cross-encoder) is exported to ONNX first."""
+    sentence-transformers folder (an embedding model or a cross-encoder) is exported to ONNX first. A
+    PyTorch file (TorchScript, a .pt2, a state dict with --model-file) is exported to ONNX where onnxruntime
+    agrees with torch, else served with torch in the worker (--runtime forces either)."""
     if is_adapter_folder(path) or base is not None:
         _upload_adapter(plane(ctx), name, path, base, tag)
         return
     if path.is_file() and is_archive(path):  # a TorchServe archive goes as it is: its handler serves it
         _upload_archive(plane(ctx), name, path, tag)
+        return
+    torch_options = PytorchOptions(model_file, model_class, runtime, input_name, input_type, input_size, output_name,
+                                   optimize)
+    if upload_pytorch(plane(ctx), name, path, framework, tag, metadata, torch_options):  # TorchScript, .pt2, state dict
         return
     exported = exported_folder(path, framework)
     if exported is not None:

@@ -1,6 +1,8 @@
-"""PyTorch and safetensors files are refused with how to export them to ONNX: by the control plane
-(a 422 naming what the file is), and by the CLI before it uploads anything. Real files, written by
-torch and safetensors themselves."""
+"""PyTorch and safetensors files registered as something else are refused with the way to serve them:
+by the control plane (a 422 naming what the file is), and by the CLI before it uploads anything. A
+checkpoint's way is its model file (`--model-file`, serving/pytorch/); TorchScript and .pt2 files upload
+as they are (tests/serving/pytorch/); safetensors files and model folders get the ONNX export
+instructions. Real files, written by torch and safetensors themselves."""
 from __future__ import annotations
 
 import io
@@ -53,6 +55,13 @@ def torchscript(path: Path) -> Path:
     return path
 
 
+def exported_program(path: Path) -> Path:
+    import torch
+
+    torch.export.save(torch.export.export(_net(), (torch.randn(2, 4),)), str(path))
+    return path
+
+
 def safetensors_file(path: Path) -> Path:
     from safetensors.torch import save_file
 
@@ -72,6 +81,7 @@ FILES = {
     "pytorch_model.bin": (torch_zip, "a PyTorch checkpoint (torch.save)"),
     "legacy.pth": (torch_legacy, "a PyTorch checkpoint (torch.save)"),
     "model.pt": (torchscript, "a TorchScript archive (torch.jit.save)"),
+    "model.pt2": (exported_program, "a PyTorch exported program (torch.export.save)"),
     "model.safetensors": (safetensors_file, "a safetensors file"),
 }
 
@@ -120,6 +130,9 @@ def test_the_api_refuses_them_with_the_export_instructions(client, tmp_path, nam
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
     assert kind in detail and all(words in detail for words in INSTRUCTION), detail
+    assert ("--model-file model.py" in detail) == (kind == "a PyTorch checkpoint (torch.save)"), detail
+    if name in ("model.pt", "model.pt2"):  # registered as what they are, they upload (tests/serving/pytorch/)
+        assert "serving model upload --path FILE" in detail and "through the API, register it as framework" in detail
     assert client.get("/models").json() == []
 
 
@@ -154,7 +167,7 @@ def _artifacts(home: Path) -> list[Path]:
     return [p for p in (home / "artifacts").rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("name", [*sorted(set(FILES) - {"model.pt"}), "hf-folder"])  # TorchScript: a Triton model
+@pytest.mark.parametrize("name", [*sorted(set(FILES) - {"model.pt", "model.pt2"}), "hf-folder"])  # they upload
 def test_the_cli_refuses_them_before_uploading(cp, tmp_path, name):
     url, home = cp
     path = hf_folder(tmp_path / name) if name == "hf-folder" else FILES[name][0](tmp_path / name)
@@ -164,6 +177,7 @@ def test_the_cli_refuses_them_before_uploading(cp, tmp_path, name):
     words = _words(res.output)
     kind = "a Hugging Face model folder" if name == "hf-folder" else FILES[name][1]
     assert _words(kind) in words and all(_words(w) in words for w in INSTRUCTION), res.output
+    assert (_words("--model-file model.py") in words) == (kind == "a PyTorch checkpoint (torch.save)"), res.output
     assert _artifacts(home) == [], "nothing is uploaded"
 
 

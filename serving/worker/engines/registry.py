@@ -19,6 +19,7 @@ FACTORIES: dict[str, str] = {
     "custom_async": "serving.worker.engines.custom:create_async",
     "vllm": "serving.worker.engines.vllm:create",
     "torchserve": "serving.worker.engines.torchserve:create",
+    "torch": "serving.worker.engines.torch:create",
 }
 
 
