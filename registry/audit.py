@@ -31,6 +31,7 @@ FIELD_CHARS = 200     # longest scalar kept in detail
 ANSWER_KEYS = ("sha256", "size", "version", "name", "role", "removed", "revision")
 SECRET_KEYS = {"token", "password", "secret"}
 UNAUDITED = frozenset({"/readiness"})  # workers' heartbeats: state reports, not changes
+TARGET_KEY = "serving.audit_target"  # request.scope key: what a route changed, when no path parameter names it
 
 
 def _scalars(doc: Any) -> dict:
@@ -56,8 +57,9 @@ def _json(data: bytes) -> Any:
 
 
 class AuditMiddleware:
-    def __init__(self, app, sessions: sessionmaker) -> None:
+    def __init__(self, app, sessions: sessionmaker, prefix: str = "") -> None:
         self.app, self.sessions = app, sessions
+        self.prefix = prefix  # another API's routes (TorchServe's management API): its name before each template
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in READ_METHODS or scope.get("path") in UNAUDITED:
@@ -84,19 +86,21 @@ class AuditMiddleware:
         finally:
             principal = scope.get(PRINCIPAL_KEY)
             if principal is not None and (status[0] < 400 or status[0] == 403):
-                entry = self._entry(scope, principal.name, status[0], bytes(request_body), bytes(answer_body))
+                entry = self._entry(scope, principal.name, status[0], bytes(request_body), bytes(answer_body),
+                                    self.prefix)
                 try:
                     await run_in_threadpool(self._write, entry)
                 except Exception:
                     log.exception("audit entry not written: %s", entry)
 
     @staticmethod
-    def _entry(scope, actor: str, status: int, body: bytes, answer: bytes) -> dict:
+    def _entry(scope, actor: str, status: int, body: bytes, answer: bytes, prefix: str = "") -> dict:
         route = scope.get("route")
         template = getattr(route, "path", scope.get("path", ""))
         params = scope.get("path_params") or {}
         doc = _scalars(_json(body))
-        target = "/".join(str(v) for v in params.values()) or str(doc.get("endpoint") or doc.get("name") or "")
+        target = ("/".join(str(v) for v in params.values()) or str(scope.get(TARGET_KEY) or "")
+                  or str(doc.get("endpoint") or doc.get("name") or ""))
         detail: dict[str, Any] = {"status": status}
         if scope.get("query_string"):
             detail["query"] = scope["query_string"].decode("latin-1")[:FIELD_CHARS]
@@ -109,7 +113,7 @@ class AuditMiddleware:
                 detail["result"] = kept
         if status == 403:
             detail["denied"] = True
-        action = f"{scope['method']} {template}"
+        action = f"{scope['method']} {prefix}{template}"
         return {"actor": actor, "action": action[:64], "target": target[:256], "detail": detail}
 
     def _write(self, entry: dict) -> None:
@@ -125,5 +129,5 @@ class AuditMiddleware:
                 time.sleep(0.05 * (attempt + 1))
 
 
-def install(app, sessions: sessionmaker) -> None:
-    app.add_middleware(AuditMiddleware, sessions=sessions)
+def install(app, sessions: sessionmaker, prefix: str = "") -> None:
+    app.add_middleware(AuditMiddleware, sessions=sessions, prefix=prefix)

@@ -47,7 +47,7 @@ V2_TRAIN_SIZE = 16  # version 2: the same encoder, its head fitted on far fewer 
 
 def stack_env(home: Path) -> dict[str, str]:
     ports = {name: free_port() for name in ("cp", "worker", "worker_grpc", "http", "grpc", "metrics", "stats",
-                                            "loader", "llm")}
+                                            "loader", "llm", "torchserve")}
     # tokens: the demo's control plane creates them under its home, where its CLI calls find
     # them; a token or `serving login` of the user's own platform must not be sent to it
     inherited = {k: v for k, v in os.environ.items() if k not in ("SERVING_TOKEN", "SERVING_ADMIN_TOKEN",
@@ -64,6 +64,7 @@ def stack_env(home: Path) -> dict[str, str]:
         # every port `serving up` opens: a launcher on its default port beside another stack exits, and the
         # supervisor then stops the whole stack
         "SERVING_TRITON_LOADER_PORT": str(ports["loader"]), "SERVING_LLM_LAUNCHER_PORT": str(ports["llm"]),
+        "SERVING_TORCHSERVE_MANAGEMENT_PORT": str(ports["torchserve"]),
     }
 
 

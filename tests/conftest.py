@@ -16,6 +16,9 @@ _SHM_BASE = pytest.StashKey[leftovers.Baseline]()
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
+# Likewise every control plane serves TorchServe's management API on 8081 by default: off in tests
+# unless one passes a free port (tests/registry/test_torchserve_api.py).
+os.environ.setdefault("SERVING_TORCHSERVE_MANAGEMENT_PORT", "0")
 
 # The vLLM engines the suite starts (a dozen and more, each its own tiny Llama) skip what only pays off on
 # long-running engines, which is most of their start on this machine (measured, quiet 2-core box, one tiny

@@ -20,14 +20,26 @@ console = Console()
 
 
 def control_plane() -> None:
-    """Run the registry and control plane (HTTP API + config stream)."""
+    """Run the registry and control plane (HTTP API + config stream), and TorchServe's management API on
+    its own port (SERVING_TORCHSERVE_MANAGEMENT_PORT; 0: off) in the same process and event loop."""
     import uvicorn
 
     from registry.api import create_app
+    from registry.torchserve_api import create_management_app
+    from serving.asgi_servers import run_servers
+    from serving.worker.listeners import ensure_free
 
     settings = ControlPlaneSettings()
-    uvicorn.run(create_app(settings), host=settings.control_plane_host, port=settings.control_plane_port,
-                log_level="warning", timeout_graceful_shutdown=2)
+    host, ts_port = settings.control_plane_host, settings.torchserve_management_port
+    if ts_port:  # said before anything starts, naming the setting, rather than uvicorn's bind error later
+        ensure_free(host, ts_port, "SERVING_TORCHSERVE_MANAGEMENT_PORT (0 turns TorchServe's management API off)")
+    app = create_app(settings)
+    configs = [uvicorn.Config(app, host=host, port=settings.control_plane_port, log_level="warning",
+                              timeout_graceful_shutdown=2)]
+    if ts_port:
+        configs.append(uvicorn.Config(create_management_app(app, settings), host=host, port=ts_port,
+                                      lifespan="off", log_level="warning", timeout_graceful_shutdown=2))
+    run_servers(configs)
 
 
 def worker(workers: int = typer.Option(1, help="worker processes sharing the port")) -> None:
@@ -114,8 +126,8 @@ def up(
         sup.start(Child("worker", ["worker", "--workers", str(workers)], f"http://127.0.0.1:{port}/v2/health/live"))
         if prometheus:
             _start_prometheus(sup, home, st, tr if with_triton else None, prometheus_port, with_llm)
-        console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}, "
-                      f"workers http://127.0.0.1:{port}"
+        console.print(f"[bold green]serving is up[/bold green]: control plane {env['SERVING_CONTROL_PLANE_URL']}"
+                      f"{_torchserve_management()}, workers http://127.0.0.1:{port}"
                       f"{f' and gRPC 127.0.0.1:{grpc_port}' if grpc_port else ''}, logs in {sup.log_dir}")
         if not os.environ.get("SERVING_ADMIN_TOKEN"):
             console.print(f"admin token: {home}/tokens/admin (mode 0600; the CLI finds it there for a local "
@@ -127,6 +139,14 @@ def up(
     finally:
         sup.stop_all()
     raise typer.Exit(code)
+
+
+def _torchserve_management() -> str:
+    """Where the control plane serves TorchServe's management API, as `up` lists the addresses."""
+    cp = ControlPlaneSettings()
+    if not cp.torchserve_management_port:
+        return ""
+    return f" (TorchServe management API http://{cp.control_plane_host}:{cp.torchserve_management_port})"
 
 
 def _start_prometheus(sup: Supervisor, home: str, st: StatisticsSettings, tr: TritonSettings | None,
