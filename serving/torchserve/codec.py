@@ -103,4 +103,4 @@ def encode_answer(value: Any) -> tuple[bytes, str]:
         buf = io.BytesIO()
         torch.save(value, buf)
         return buf.getvalue(), ""
-    return json.dumps(value, indent=2).encode("utf-8"), "application/json"
+    return json.dumps(value, indent=2).encode("utf-8"), ""  # TorchServe sends no content type for these either

@@ -41,7 +41,9 @@ class TorchvisionFinder(MetaPathFinder):
         from serving.torchserve.vision_ops import ensure_torchvision
 
         ensure_torchvision()  # raises as a plain import would when torchvision is missing or broken otherwise
-        module = sys.modules["torchvision"]
+        # Handed back through this spec's loader. Out of sys.modules meanwhile: the import system takes a
+        # module it finds there for a parent's import and runs it again from its own spec.
+        module = sys.modules.pop("torchvision")
         return importlib.util.spec_from_loader(fullname, _Imported(module), is_package=True)
 
 

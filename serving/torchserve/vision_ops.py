@@ -94,7 +94,7 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NMS_BLOCK = 256  # rows of the IoU matrix computed at once: bounds memory for many boxes
 ROI_ALIGN_BUDGET = 1 << 23  # feature values gathered at once by roi_align (32 MiB of float32)
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered when an import hook runs inside a first call
 _state: str | None = None
 # The operators' Library, kept for the process's life: once it is dropped, torch unregisters every
 # operator it defined. Carried over when this module is executed again (importlib.reload).

@@ -50,8 +50,8 @@ def ts_error(exc: ServingError, name: str = "") -> Response:
 async def handler_request(request: Request, limit: int, explain: bool, url_path: str = "") -> HandlerRequest:
     """The request as TorchServe's frontend hands it to a backend: the raw body as ``body`` with its
     content type, or each form field under its name (a file with its content type); the headers."""
-    mime = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if mime in FORM_TYPES:
+    mime = _mime(request.headers.get("content-type", ""))
+    if mime.lower() in FORM_TYPES:
         parameters = await _form(request, limit)
     else:
         parameters = [Parameter("body", await read_body(request, limit), mime)]
@@ -74,16 +74,22 @@ async def _form(request: Request, limit: int) -> list[Parameter]:
         if isinstance(value, str):  # a plain field: no content type, bytes to the handler
             parameters.append(Parameter(name, value.encode("utf-8"), ""))
         else:
-            parameters.append(Parameter(name, await value.read(), value.content_type or ""))
+            parameters.append(Parameter(name, await value.read(), _mime(value.content_type or "")))
     if not parameters:
         raise BadRequest("the form has no fields; send the input as a field (curl -F data=@file) or as the body")
     return parameters
 
 
+def _mime(content_type: str) -> str:
+    """A content type without its parameters, its case kept: TorchServe's backend decodes a value as JSON
+    only for exactly ``application/json`` (``; charset=utf-8`` dropped, ``Application/JSON`` not)."""
+    return content_type.split(";", 1)[0].strip()
+
+
 def ts_response(answer: HandlerAnswer, version: int) -> Response:
+    """The handler's bytes as TorchServe sends them: a content type only where the handler set one."""
     headers = {**answer.headers, VERSION_HEADER: str(version)}
-    return Response(answer.body, status_code=answer.status, headers=headers,
-                    media_type=answer.content_type or "application/json")
+    return Response(answer.body, status_code=answer.status, headers=headers, media_type=answer.content_type or None)
 
 
 def torchserve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:

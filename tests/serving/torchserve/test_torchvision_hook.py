@@ -32,6 +32,27 @@ def test_a_fresh_process_imports_torchvision_and_runs_its_ops():
     assert done.stdout.split("\n")[-2] == "[0, 2] 4"
 
 
+def test_torchvision_runs_its_package_once_more_at_most():
+    """The hook hands back the module it imported: torchvision's ``__init__`` runs once where its operators
+    load, twice where they do not (the failed attempt, then the import on the CPU operators), never a
+    third time from the import system itself."""
+    done = _run("import sys, torch\n"
+                "runs = []\n"
+                "def count(frame, event, arg):\n"
+                "    code = frame.f_code\n"
+                "    if event == 'call' and code.co_name == '<module>' and "
+                "code.co_filename.endswith('torchvision/__init__.py'):\n"
+                "        runs.append(1)\n"
+                "sys.setprofile(count)\n"
+                "import torchvision\n"
+                "sys.setprofile(None)\n"
+                "from serving.torchserve.vision_ops import ensure_torchvision\n"
+                "print(len(runs), ensure_torchvision())")
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs, mode = done.stdout.split()[-2:]
+    assert int(runs) == {"native": 1, "cpu-ops": 2}[mode], done.stdout
+
+
 def test_transformers_image_processing_imports():
     done = _run("from transformers.image_utils import load_image\n"
                 "from transformers import ViTImageProcessor\n"
