@@ -6,14 +6,20 @@ endpoint shape, `sentiment` at 90/10, driven in Debian's chromium through seleni
 One stack and one browser for the module, but every test stands alone (``-k name``): the
 ``admin`` fixture signs the browser in when it is not, ``demo`` puts the endpoint back to the
 demo's 90/10 (v1 stable, v2 canary, no rollout, no shadow) when a test before changed it.
+The TorchServe playground's tests (at the end) add an endpoint ``digest`` of a tiny archive, made
+by the module's own ``archive`` fixture once one of them asks for it.
 Screenshots go to the test run's directory (``SERVING_CONSOLE_SHOTS``, else a pytest temporary
 folder); docs/console.md's pictures are those of a run with SERVING_CONSOLE_SHOTS=docs/console.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,10 +29,12 @@ import pytest
 
 from registry.console.sessions import COOKIE
 from registry.rollout_metrics import StatisticsServiceSource, quantile
+from serving.settings import WorkerSettings
 from serving.testmodels import build_bert_classifier
 from tests.serving.stack import Stack, make_stack
 from tests.support import auth
-from tests.support.browser import axe_violations, chromium, shown, sign_in, tab_walk
+from tests.support.browser import FOCUSABLE, axe_violations, chromium, shown, sign_in, tab_walk
+from tests.support.ci import cannot_run
 from tests.support.procs import wait_until
 
 EP = "sentiment"
@@ -443,3 +451,176 @@ def test_an_action_by_keyboard_alone(stack, admin, demo):
     tab_to("shadow-off").send_keys(Keys.ENTER)
     wait_until(lambda: "done, stop shadowing" in admin.page_source, timeout=20, what="shadow off")
     assert shadow() == []
+
+
+# ------------------------------------------------------------------- a TorchServe archive's playground
+
+ARCHIVE = "digest"
+DIGEST_HANDLER = '''\
+"""Answers what reached it: the byte count, sha256 and content type of each request's raw body, so a
+test can tell that the bytes a client sent arrived unchanged."""
+import hashlib
+import json
+
+
+def handle(data, context):
+    if data is None:  # TorchServe's initialisation call
+        return None
+    answers = []
+    for i, row in enumerate(data):
+        body = row.get("data") or row.get("body") or b""
+        if isinstance(body, str):  # text/* bodies arrive decoded
+            body = body.encode("utf-8")
+        elif not isinstance(body, (bytes, bytearray)):  # application/json arrives as the decoded value
+            body = json.dumps(body).encode("utf-8")
+        answers.append({"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest(),
+                        "content_type": context.get_request_header(i, "content-type")})
+    return answers
+'''
+
+
+@pytest.fixture(scope="module")
+def archive(stack, tmp_path_factory) -> str:
+    """Endpoint ``digest``: DIGEST_HANDLER archived by torch-model-archiver, uploaded and deployed
+    with the CLI (engine torchserve, implied by the archive)."""
+    archiver = Path(sys.executable).parent / "torch-model-archiver"
+    if not archiver.is_file():
+        cannot_run(f"{archiver} is missing: scripts/setup.sh installs the torch extra (torch-model-archiver)")
+    src = tmp_path_factory.mktemp("console-archive")
+    (src / "digest_handler.py").write_text(DIGEST_HANDLER)
+    subprocess.run([str(archiver), "--model-name", ARCHIVE, "--version", "1.0", "--handler",
+                    str(src / "digest_handler.py"), "--export-path", str(src)], check=True, timeout=120)
+    stack.cli("model", "upload", "--name", ARCHIVE, "--path", str(src / f"{ARCHIVE}.mar"))
+    stack.cli("model", "add", "--endpoint", ARCHIVE, "--model", ARCHIVE, "--wait")
+    return ARCHIVE
+
+
+def digest(data: bytes, content_type: str) -> dict:
+    """What DIGEST_HANDLER answers for ``data`` sent with ``content_type``."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "content_type": content_type}
+
+
+def noise_png(path: Path, seed: int = 5) -> bytes:
+    """A PNG of random pixels (its bytes hold every value, NUL and CR LF included), written to ``path``."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    Image.frombytes("RGB", (48, 48), bytes(rng.randrange(256) for _ in range(48 * 48 * 3))).save(path)
+    return path.read_bytes()
+
+
+def answer_on_page(driver) -> dict:
+    """The playground's answer once the page that a Send started shows it: status, version, what
+    was sent, and the answer (parsed when JSON)."""
+    from selenium.webdriver.common.by import By
+
+    status = shown(driver, "answer-status").text
+    text = driver.find_element(By.ID, "answer").text
+    sent = driver.find_elements(By.ID, "answer-sent")
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = text
+    return {"status": status, "version": driver.find_element(By.ID, "answer-version").text,
+            "sent": sent[0].text if sent else None, "answer": answer}
+
+
+def unreached_by_tab(driver, limit: int = 200) -> list[str]:
+    """The focusable, visible controls that Tab from the top of the page never reaches. Like
+    tab_walk, but each Tab is pressed on the page (ActionChains), not sent to the focused element:
+    chromedriver takes keys sent to a file input for the path of a file to choose."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    controls = [e for e in driver.find_elements(By.CSS_SELECTOR, FOCUSABLE) if e.is_displayed()]
+    driver.execute_script("document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0);")
+    reached: list = []
+    for _ in range(limit):
+        ActionChains(driver).send_keys(Keys.TAB).perform()
+        here = driver.switch_to.active_element
+        if reached and here == reached[0]:
+            break
+        if here not in reached:
+            reached.append(here)
+    return [f"{e.tag_name}#{e.get_attribute('id')}" for e in controls if e not in reached]
+
+
+def test_the_playground_sends_a_file_as_curl_T_does(stack, admin, archive, shots, tmp_path):
+    """An image chosen on the page (then sent by keyboard) reaches the handler byte for byte, with its
+    content type: the page's answer is what ``curl -T`` gets, with the status and version."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    image = tmp_path / "noise.png"
+    data = noise_png(image)
+    limit = WorkerSettings().max_body_bytes
+    admin.get(console(stack, f"/playground?endpoint={archive}"))
+    assert f"{stack.worker_url()}/predictions/ENDPOINT" in admin.find_element(By.TAG_NAME, "main").text
+    assert f"at most {limit:,} bytes" in admin.find_element(By.ID, "file-hint").text
+    admin.find_element(By.ID, "file").send_keys(str(image))
+    admin.find_element(By.ID, "send").send_keys(Keys.ENTER)
+    got = answer_on_page(admin)
+    assert got == {"status": "200", "version": "1", "answer": digest(data, "image/png"),
+                   "sent": f"PUT /predictions/{archive}: {len(data):,} bytes of image/png from noise.png"}
+    direct = httpx.put(f"{stack.worker_url()}/predictions/{archive}", content=data, timeout=30,
+                       headers={"Content-Type": "image/png"})  # curl -T noise.png, with its type
+    assert (direct.status_code, direct.headers["X-Model-Version"], direct.json()) == (200, "1", got["answer"])
+    admin.save_screenshot(str(shots / "playground-upload.png"))
+    assert axe_violations(admin) == []
+    assert unreached_by_tab(admin) == []
+
+
+def test_the_text_box_is_the_raw_body_when_no_file_is_chosen(stack, admin, archive):
+    """Text goes as text/plain, JSON as application/json (the handler gets the decoded value, which
+    it answers for as compact JSON); with neither, the page says what is missing."""
+    from selenium.webdriver.common.by import By
+
+    for typed, content_type in (("héllo torchserve", "text/plain; charset=utf-8"),
+                                ('{"a": [1, 2]}', "application/json")):
+        admin.get(console(stack, f"/playground?endpoint={archive}"))
+        admin.find_element(By.ID, "input").send_keys(typed)
+        admin.find_element(By.ID, "send").click()
+        got = answer_on_page(admin)
+        assert got["status"] == "200" and got["answer"] == digest(typed.encode(), content_type), got
+        assert got["sent"] == (f"PUT /predictions/{archive}: {len(typed.encode()):,} bytes of {content_type} "
+                               "from the text box"), got
+        assert admin.find_element(By.ID, "input").get_attribute("value") == typed  # kept for the next try
+    admin.get(console(stack, f"/playground?endpoint={archive}"))
+    admin.find_element(By.ID, "send").click()
+    shown(admin, "error", "choose a file, or type a body")
+
+
+def test_a_file_over_the_workers_limit_is_refused_in_words(stack, admin, archive, tmp_path):
+    """One byte over SERVING_MAX_BODY_BYTES, and three times over (the console stops reading at its
+    cap but still answers the page): each refused before the data plane, saying the sizes."""
+    from selenium.webdriver.common.by import By
+
+    limit = WorkerSettings().max_body_bytes
+    for name, size, said in (("over.bin", limit + 1, f"over.bin is {limit + 1:,} bytes"),
+                             ("huge.bin", 3 * limit, "the upload is ")):
+        big = tmp_path / name
+        big.write_bytes(b"\x01" * size)
+        admin.get(console(stack, f"/playground?endpoint={archive}"))
+        admin.find_element(By.ID, "file").send_keys(str(big))
+        admin.find_element(By.ID, "send").click()
+        error = shown(admin, "error", said).text
+        assert f"at most {limit:,} bytes" in error and "SERVING_MAX_BODY_BYTES" in error, error
+        assert not admin.find_elements(By.ID, "result")
+        assert admin.find_element(By.ID, "pick").get_attribute("value") == archive  # back on its own endpoint
+
+
+def test_an_upload_needs_the_sessions_csrf_token(stack, admin, archive):
+    """The multipart form is authorised as every console form: the session's cookie and its CSRF token."""
+    from selenium.webdriver.common.by import By
+
+    admin.get(console(stack, f"/playground?endpoint={archive}"))
+    csrf = admin.find_element(By.CSS_SELECTOR, "input[name=csrf]").get_attribute("value")
+    jar = {COOKIE: admin.get_cookie(COOKIE)["value"]}
+    url = console(stack, f"/playground/upload?endpoint={archive}")
+    files = {"file": ("x.png", b"\x89PNG", "image/png")}
+    assert httpx.post(url, files=files, data={"csrf": csrf}).status_code == 403  # no session
+    for form in ({}, {"csrf": "guessed"}):
+        assert httpx.post(url, files=files, data=form, cookies=jar).status_code == 403
+    ok = httpx.post(url, files=files, data={"csrf": csrf}, cookies=jar, timeout=30)
+    assert ok.status_code == 200 and hashlib.sha256(b"\x89PNG").hexdigest() in ok.text

@@ -1,11 +1,20 @@
-"""The console's parts without a browser: reading /metrics, the charts, sessions and CSRF."""
+"""The console's parts without a browser: reading /metrics, the charts, sessions and CSRF, the
+playground's upload form and how it shows answers."""
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
+import httpx
+import pytest
+from starlette.requests import Request
+
 from registry.console.charts import line_chart
+from registry.console.playground import raw_body, readable, size_words
 from registry.console.sessions import SessionBook
 from registry.console.stats import Figures, Statistics, between, parse
+from registry.console.web import Upload, UploadTooLarge, read_upload_form
 
 METRICS = """\
 # TYPE serving_requests counter
@@ -80,3 +89,60 @@ def test_a_session_acts_only_with_its_csrf_token():
 def test_an_idle_session_ends():
     book = SessionBook(idle_s=-1.0)
     assert book.get(book.open("srv_x", "alice", "admin")) is None
+
+
+def multipart_request(fields: dict, files: dict, chunk: int = 1000, declare: bool = True) -> Request:
+    """A Starlette request carrying the multipart form a browser sends, its body in ``chunk``-byte
+    messages, with or without its Content-Length."""
+    built = httpx.Request("POST", "http://console/playground/upload", data=fields, files=files)
+    body = built.read()
+    headers = [(k.lower().encode(), v.encode()) for k, v in built.headers.items()
+               if declare or k.lower() != "content-length"]
+    parts = [body[i:i + chunk] for i in range(0, len(body), chunk)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    return Request({"type": "http", "method": "POST", "path": "/playground/upload", "headers": headers,
+                    "query_string": b""}, receive)
+
+
+def test_an_upload_form_gives_its_fields_and_the_files_bytes_unchanged():
+    data = bytes(range(256)) * 8
+    req = multipart_request({"csrf": "t", "input": "typed"}, {"file": ("a.png", data, "image/png")})
+    fields, files = asyncio.run(read_upload_form(req, 10_000))
+    assert fields == {"csrf": "t", "input": "typed"}
+    assert files == {"file": Upload("a.png", "image/png", data)}
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_an_upload_past_its_limit_is_refused_declared_or_not(declare):
+    req = multipart_request({"csrf": "t"}, {"file": ("a.bin", b"x" * 5000, "application/octet-stream")},
+                            declare=declare)
+    with pytest.raises(UploadTooLarge) as refused:
+        asyncio.run(read_upload_form(req, 4000))
+    assert refused.value.size > 5000 and refused.value.limit == 4000  # read to its end: the browser sees why
+
+
+def test_the_file_wins_over_the_text_box_and_the_text_box_is_typed_by_its_content():
+    chosen = {"file": Upload("cat.png", "image/png", b"\x89PNG")}
+    none_chosen = {"file": Upload("", "application/octet-stream", b"")}  # what a browser sends then
+    assert raw_body(chosen, "ignored").data == b"\x89PNG"
+    assert raw_body(chosen, "").content_type == "image/png"
+    assert raw_body(none_chosen, '{"a": 1}').content_type == "application/json"
+    assert raw_body(none_chosen, "héllo").content_type == "text/plain; charset=utf-8"
+    assert raw_body(none_chosen, "héllo").data == "héllo".encode()
+    assert raw_body(none_chosen, "") is None and raw_body({}, "") is None
+    assert raw_body({"file": Upload("empty.bin", "", b"")}, "x").content_type == "application/octet-stream"
+
+
+def test_an_answer_shows_as_json_text_or_its_size():
+    assert json.loads(readable(b'{"a":[1,2]}', "text/plain")) == {"a": [1, 2]}
+    assert readable(b'{"a":1}', "application/json") == '{\n  "a": 1\n}'
+    assert readable("tschüss".encode(), "text/plain; charset=utf-8") == "tschüss"
+    assert readable(b"\x89PNG\r\n\x1a\n\0\0", "image/png") == "10 bytes of image/png"
+    assert readable(b"plain ascii", "image/png") == "11 bytes of image/png"
+    assert readable(b"\xff\xfe", "") == "2 bytes of an unnamed content type"
+    assert readable(b"", "") == "(an empty body)"
+    assert size_words(1_048_576) == "1,048,576 bytes (1 MiB)" and size_words(999) == "999 bytes"
