@@ -61,7 +61,8 @@ class HandlerAnswer:
 
 
 def decode_value(param: Parameter) -> Any:
-    """A parameter's value as TorchServe's backend decodes it (a value that fails to decode stays bytes)."""
+    """A parameter's value as TorchServe's backend decodes it: a ``bytearray`` (as its socket reader gives
+    it) unless the content type is exactly ``application/json`` or ``text/...`` and it decodes."""
     value, content_type = param.value, param.content_type or ""
     if not isinstance(value, (bytes, bytearray)):
         return value
@@ -69,13 +70,13 @@ def decode_value(param: Parameter) -> Any:
         try:
             return json.loads(value.decode("utf-8"))
         except ValueError:
-            return bytes(value)
+            return bytearray(value)
     if content_type.startswith("text"):
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
-            return bytes(value)
-    return bytes(value)
+            return bytearray(value)
+    return bytearray(value)
 
 
 def handler_input(request: HandlerRequest) -> dict[str, Any]:

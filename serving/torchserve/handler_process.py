@@ -113,6 +113,7 @@ class Handler:
         self.context.request_processor = [RequestProcessor(parameter_headers(r)) for r in batch]
         self.context.metrics.request_ids = ids
         self.context.cl_socket = None
+        started = time.time()
         try:
             returned = self.service._entry_point([handler_input(r) for r in batch], self.context)
         except PredictionException as exc:
@@ -127,7 +128,10 @@ class Handler:
                                           message=f"the handler could not process the request: "
                                                   f"{type(exc).__name__}: {_brief(exc)}")
             return None
-        return self._answers(batch, returned)
+        answers = self._answers(batch, returned)
+        if all(a.status == 200 for a in answers):  # TorchServe's backend times each good batch (ts/service.py)
+            self.context.metrics.add_time("PredictionTime", round((time.time() - started) * 1000, 2))
+        return answers
 
     def _answers(self, batch: list[HandlerRequest], returned: Any) -> list[HandlerAnswer]:
         if not isinstance(returned, list) or len(returned) != len(batch):

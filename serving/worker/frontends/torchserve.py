@@ -138,9 +138,10 @@ def torchserve_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
             return latest, versioned, deeper
 
         latest, versioned, deeper = bind()
-        router.add_api_route(prefix + "/{name}", latest, methods=["POST", "PUT"])
-        router.add_api_route(prefix + "/{name}/{version}", versioned, methods=["POST", "PUT"])
-        router.add_api_route(prefix + "/{name}/{version}/{rest:path}", deeper, methods=["POST", "PUT"])
+        methods = ["POST", "PUT", "GET", "DELETE"]  # TorchServe hands every one to the handler (GET: empty body)
+        router.add_api_route(prefix + "/{name}", latest, methods=methods)
+        router.add_api_route(prefix + "/{name}/{version}", versioned, methods=methods)
+        router.add_api_route(prefix + "/{name}/{version}/{rest:path}", deeper, methods=methods)
 
     @router.get("/ping")
     async def ping() -> Response:
