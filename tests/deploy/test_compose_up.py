@@ -92,7 +92,7 @@ class ComposeStack:
         self.ports = {name: free_port() for name in
                       ("CONTROL_PLANE_PORT", "WORKER_GATEWAY_PORT", "WORKER_GATEWAY_GRPC_PORT",
                        "WORKER_GATEWAY_HTTP_PORT", "STATISTICS_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT",
-                       "TRITON_HTTP_PORT")}
+                       "TRITON_HTTP_PORT", "TORCHSERVE_MANAGEMENT_PORT")}
         # deploy/init-env.sh as a user runs it, in a copy: the template plus fresh secrets, and the
         # gateway's certificate (tls/server.crt, server.key) with the CA that clients trust.
         # Its settings go in the environment, which Compose prefers to deploy/.env: a
