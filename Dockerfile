@@ -36,6 +36,7 @@ COPY preprocess ./preprocess
 # (the embedded one). This image never runs that: Triton is its own container. A copy of its
 # files is kept aside for the embedded-triton target (not in the default image).
 RUN pip install --no-deps . \
+ && case ",$EXTRAS," in *,torch,*) python -m serving.torchserve.install_hook;; esac \
  && site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
  && mkdir -p "/opt/pytriton$site" \
  && cp -a "$site"/pytriton "$site"/nvidia_pytriton* "/opt/pytriton$site/" \

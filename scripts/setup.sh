@@ -108,13 +108,7 @@ fi
 # PyPI's torchvision is built for CUDA torch: next to the CPU torch it cannot load its operators, and every
 # `import torchvision` (TorchServe's image handlers, transformers' image processors) would fail. This line
 # routes that import through serving/torchserve/torchvision_hook.py (CPU kernels where they are missing).
-.venv/bin/python - <<'PYEOF'
-import site, pathlib
-line = 'import sys; exec("try:\\n import serving.torchserve.torchvision_hook\\nexcept ImportError:\\n pass")\n'
-pth = pathlib.Path(site.getsitepackages()[0]) / "serving-torchvision.pth"
-if not pth.exists() or pth.read_text() != line:
-    pth.write_text(line)
-PYEOF
+.venv/bin/python -m serving.torchserve.install_hook >/dev/null
 compile_bytecode .venv
 # the project's own modules too (quick; compileall skips those already current)
 .venv/bin/python -m compileall -q -j 0 serving registry preprocess benchmarks tests >/dev/null 2>&1 || true

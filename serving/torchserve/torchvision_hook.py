@@ -4,8 +4,9 @@ torchvision, not only in handler processes.
 Why: PyPI's torchvision cannot load its operators next to CPU torch (serving/torchserve/vision_ops.py),
 and libraries import it on their own once it is installed: transformers' image processors do, in the
 worker's tokenizer path and in tests, and then fail with "operator torchvision::nms does not exist".
-A ``.pth`` line (``import serving.torchserve.torchvision_hook``, written by scripts/setup.sh and the
-Dockerfile when the ``torch`` extra is installed) puts this finder first on ``sys.meta_path``: the
+A ``.pth`` line (``python -m serving.torchserve.install_hook`` writes it into the environment's
+site-packages: scripts/setup.sh and the Dockerfile with the ``torch`` extra run it) puts this finder
+first on ``sys.meta_path``: the
 first ``import torchvision`` in a process goes through ``ensure_torchvision``, which imports it as it
 is where it works and with the CPU operators where its extension cannot load, and the import then
 hands back that module. Nothing is imported at start: the finder only looks at the name asked for.
