@@ -10,7 +10,7 @@ from tests.deploy.artifacts import REPO, rendered_files
 
 DOCS = ["docs/deploy-compose.md", "docs/deploy-helm.md", "docs/llm-engine.md", "docs/llm-statistics.md",
         "docs/llm-rollouts.md", "docs/llm-routing.md", "docs/llm-lora.md",
-        "docs/embeddings.md"]
+        "docs/embeddings.md", "docs/torchserve.md"]
 
 
 def command_lines(text: str) -> list[str]:
