@@ -37,6 +37,8 @@ VLLM_ENGINE_PATHS = (
 )
 # Other modules of a minute or more, longest first, started before the many short ones.
 LONG_MODULES = (
+    "tests/serving/torchserve/test_predictions_e2e.py",
+    "tests/serving/torchserve/test_reference_harness.py",
     "tests/serving/test_readiness_e2e.py",
     "tests/serving/test_embeddings_quickstart_e2e.py",
     "tests/benchmarks/test_smoke.py",
