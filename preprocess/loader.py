@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import gzip
 import io
-import os
-import shutil
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +14,7 @@ from preprocess.passthrough import PassthroughProcessor
 from preprocess.tokenizer import TokenizerProcessor
 from preprocess.requirements import ensure_installed
 from preprocess.user_code import UserCodeError, UserContext, UserProcessor
+from serving.unpacked import unpack_once
 
 
 # A tokenizer never reads model weights: an exporter's output folder (model.onnx beside the
@@ -39,28 +37,13 @@ def pack_directory(path: Path) -> bytes:
 
 
 def unpack_tokenizer(archive: Path, dest_root: Path) -> Path:
-    """Tokenizer directories travel as a tar.gz; unpack once per content hash.
+    """Tokenizer directories travel as a tar.gz; unpack once per content hash (serving/unpacked.py)."""
+    return unpack_once(archive, dest_root, _untar)
 
-    Several worker processes load the same config at once: each unpacks into a folder of its own
-    and renames it into place, so no process ever reads a file another is still writing."""
-    dest = dest_root / archive.name
-    if (dest / ".complete").exists():
-        return dest
-    dest_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{archive.name}-", dir=dest_root))
-    try:
-        with tarfile.open(archive) as tar:
-            _extract_safely(tar, tmp)
-        (tmp / ".complete").touch()
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process got there first, or an unfinished folder of an older version
-            if not (dest / ".complete").exists():
-                shutil.rmtree(dest, ignore_errors=True)
-                os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+def _untar(archive: Path, dest: Path) -> None:
+    with tarfile.open(archive) as tar:
+        _extract_safely(tar, dest)
 
 
 def _extract_safely(tar: tarfile.TarFile, dest: Path) -> None:

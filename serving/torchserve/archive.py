@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import tarfile
-import tempfile
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from serving.unpacked import unpack_once
 
 MANIFEST = "MAR-INF/MANIFEST.json"
 # model-config.yaml keys the platform applies (TorchServe's names); the others are the handler's own
@@ -164,25 +164,8 @@ def _tar_member(archive: tarfile.TarFile, name: str) -> tarfile.TarInfo | None:
 
 def unpack(path: Path, dest_root: Path) -> Path:
     """The archive's files in a folder of their own, unpacked once per artifact (its file name is its
-    sha256). Several worker processes may unpack at once: each writes a temporary folder and renames
-    it into place, so none reads a half-written model."""
-    dest = dest_root / Path(path).name
-    if (dest / ".complete").exists():
-        return dest
-    dest_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest_root))
-    try:
-        _extract(Path(path), tmp)
-        (tmp / ".complete").touch()
-        try:
-            os.rename(tmp, dest)
-        except OSError:  # another process got there first
-            if not (dest / ".complete").exists():
-                shutil.rmtree(dest, ignore_errors=True)
-                os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    sha256; serving/unpacked.py)."""
+    return unpack_once(Path(path), dest_root, _extract)
 
 
 def _extract(path: Path, dest: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import subprocess
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
@@ -22,6 +21,7 @@ import pytest
 
 from tests.serving.stack import Stack, make_stack
 from tests.serving.torchserve.archives import Archive, session_archives
+from tests.serving.torchserve.test_reference_harness import concurrently
 from tests.support.torchserve import TorchServe, torchserve
 
 pytestmark = pytest.mark.timeout(900)
@@ -200,31 +200,15 @@ def test_a_body_the_handler_cannot_read_is_a_4xx_naming_why(platform, reference)
     assert (status, kind) == (400, "BadRequestException") and "UnidentifiedImageError" in message, message
 
 
-def _together(url: str, bodies: list[Any]) -> list[httpx.Response]:
-    barrier = threading.Barrier(len(bodies))
-    clients = [httpx.Client(timeout=60) for _ in bodies]
-
-    def one(i: int) -> httpx.Response:
-        barrier.wait()
-        return clients[i].post(url, json=bodies[i])
-
-    try:
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            return list(pool.map(one, range(len(bodies))))
-    finally:
-        for client in clients:
-            client.close()
-
-
 def test_batching_follows_model_config_and_only_the_failing_request_fails(platform, reference, archives):
-    together = _together(ours(platform, "batched"), [{"value": i} for i in range(4)])
+    together = concurrently([{"value": i} for i in range(4)], ours(platform, "batched"))
     got = [a.json() for a in together]
     assert [g["scaled"] for g in got] == [0, 3, 6, 9], got  # handler.scale: 3 from model-config.yaml
     assert max(g["batch_size"] for g in got) > 1, got  # batchSize 4, maxBatchDelay 200 ms
     poison = archives["batched"].inputs["poison"]
-    theirs = _together(reference.predictions_url("batched"), [{"value": 1}, poison, {"value": 3}, {"value": 4}])
+    theirs = concurrently([{"value": 1}, poison, {"value": 3}, {"value": 4}], reference.predictions_url("batched"))
     assert sum(a.status_code == 503 for a in theirs) > 1  # TorchServe: the whole batch fails
-    mine = _together(ours(platform, "batched"), [{"value": 1}, poison, {"value": 3}, {"value": 4}])
+    mine = concurrently([{"value": 1}, poison, {"value": 3}, {"value": 4}], ours(platform, "batched"))
     assert [a.status_code for a in mine] == [200, 400, 200, 200], [a.text for a in mine]
     assert [a.json()["scaled"] for a in mine if a.status_code == 200] == [3, 9, 12]
 
