@@ -50,13 +50,18 @@ class Agreement:
 
 
 def export_onnx(model: Any, specs: Sequence[InputSpec], sample: Sequence[Any], output_names: Sequence[str],
-                output_axes: dict[str, dict[int, str]], out: Path) -> list[str]:
-    """Write ``out``; returns the tracer's warnings (what tracing may have baked in)."""
+                output_axes: dict[str, dict[int, str]], out: Path, trace_scripted: bool = False) -> list[str]:
+    """Write ``out``; returns the tracer's warnings (what tracing may have baked in).
+
+    ``trace_scripted``: trace a ScriptModule too, through :class:`Positional`, instead of exporting its
+    scripted graph; for one returning a dict, which the exporter refuses (``prim::DictConstruct``)."""
     axes = {s.name: {j: d for j, d in enumerate(s.dims) if isinstance(d, str)} for s in specs}
-    target = model if isinstance(model, torch.jit.ScriptModule) else Positional(model)
+    target = model if isinstance(model, torch.jit.ScriptModule) and not trace_scripted else Positional(model)
     with warnings.catch_warnings(record=True) as caught, _quiet_stdio():
         warnings.simplefilter("always")
         try:
+            if isinstance(model, torch.jit.ScriptModule) and trace_scripted:  # the exporter cannot trace it itself
+                target = torch.jit.trace(target, tuple(sample), check_trace=False)
             torch.onnx.export(target, tuple(sample), str(out), dynamo=False, input_names=[s.name for s in specs],
                               output_names=list(output_names), dynamic_axes={**axes, **output_axes},
                               opset_version=OPSET, do_constant_folding=True)
@@ -111,16 +116,14 @@ class Positional(torch.nn.Module):
 
 
 def check_agreement(path: Path, specs: Sequence[InputSpec], samples: Sequence[Sequence[Any]],
-                    reference: Sequence[Sequence[np.ndarray]], output_names: Sequence[str]) -> Agreement:
-    """onnxruntime on every sample against torch's outputs (``reference``, per sample in output order)."""
-    from serving.ort import session as ort_session
-
-    try:
-        session = ort_session(path, 1)
-    except Exception as exc:  # onnxruntime refuses a graph it cannot run
-        raise ExportFailed(f"onnxruntime cannot load the exported model: {_first_line(exc)}") from None
+                    reference: Sequence[Sequence[np.ndarray]], output_names: Sequence[str], *, atol: float = ATOL,
+                    rtol: float = RTOL, session: Any = None) -> Agreement:
+    """onnxruntime on every sample against torch's outputs (``reference``, per sample in output order).
+    ``session``: one the caller opened on ``path`` and goes on using (else one is opened here)."""
+    if session is None:
+        session = open_session(path, 1)
     batches = [int(sample[0].shape[0]) if sample and sample[0].dim() else 1 for sample in samples]
-    result = Agreement(True, 0.0, 0.0, batches)
+    result = Agreement(True, 0.0, 0.0, batches, atol=atol, rtol=rtol)
     for sample, expected, batch in zip(samples, reference, batches):
         feeds = {s.name: t.numpy() for s, t in zip(specs, sample)}
         try:
@@ -130,6 +133,21 @@ def check_agreement(path: Path, specs: Sequence[InputSpec], samples: Sequence[Se
         for name, have, want in zip(output_names, got, expected):
             _compare(result, name, batch, np.asarray(have), want)
     return result
+
+
+def open_session(path: Path, threads: int) -> Any:
+    """An onnxruntime session on the exported file (serving/ort.py's settings); ExportFailed if it refuses it."""
+    from serving.ort import session as ort_session
+
+    try:
+        return ort_session(path, threads)
+    except Exception as exc:  # onnxruntime refuses a graph it cannot run
+        raise ExportFailed(f"onnxruntime cannot load the exported model: {_first_line(exc)}") from None
+
+
+def tolerance_text(atol: float, rtol: float) -> str:
+    """A tolerance in words, as the reasons print it: ``1e-4 abs + 1e-4 rel``."""
+    return f"{atol:.0e} abs + {rtol:.0e} rel".replace("e-0", "e-")
 
 
 def _compare(result: Agreement, name: str, batch: int, have: np.ndarray, want: np.ndarray) -> None:
@@ -142,10 +160,11 @@ def _compare(result: Agreement, name: str, batch: int, have: np.ndarray, want: n
         return
     a, b = have.astype(np.float64), want.astype(np.float64)
     diff = np.abs(a - b)
-    ratio = float(np.max(diff / (ATOL + RTOL * np.abs(b))))
+    ratio = float(np.max(diff / (result.atol + result.rtol * np.abs(b))))
     result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))
     result.max_tolerance_ratio = max(result.max_tolerance_ratio, ratio)
     if not np.isfinite(ratio) or ratio > 1.0:
         result.agrees = False
         result.problem = result.problem or (f"output {name!r} differs from torch's by up to {float(diff.max()):.3g} "
-                                            f"at batch size {batch} (tolerance {TOLERANCE})")
+                                            f"at batch size {batch} (tolerance "
+                                            f"{tolerance_text(result.atol, result.rtol)})")

@@ -43,6 +43,7 @@ class PoolSpec:
     response_timeout_s: float = 120.0
     workers: int = 1  # handler processes in this worker process
     threads: int = 0  # torch threads in each (0: torch's default)
+    runtime: str = "torch"  # torch | onnx | auto: onnxruntime in place of the handler's model (onnx_swap.py)
     log_path: Path | None = None
     packages: Path | None = None  # the archive's requirements, installed (per-model installs)
 
@@ -65,13 +66,15 @@ class _Process:
         self.spec, self.index = spec, index
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
+        self.runtime: dict[str, Any] = {}  # its latest runtime report (runtime onnx or auto)
 
     def start(self) -> None:
         parent, child = socket.socketpair()
         gpu = _gpu_for(self.index)
         spec = {"model_dir": str(self.spec.model_dir), "model_name": self.spec.model_name,
                 "handler": self.spec.info.handler, "batch_size": self.spec.batch_size, "gpu_id": gpu,
-                "threads": self.spec.threads}
+                "threads": self.spec.threads, "runtime": self.spec.runtime}
+        self.runtime = {}
         out = open(self.spec.log_path, "ab") if self.spec.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
@@ -243,10 +246,33 @@ class HandlerPool:
             self._restart(process)
             return
         handler_s = float(reply.get("handler_s") or 0.0)
+        timings.update(self._runtime(process, reply.get("runtime")))
         metrics = list(reply.get("metrics") or ())  # the batch's custom metric lines, reported by its first request
         for i, (pending, answer) in enumerate(zip(batch, reply["answers"])):
             pending.done(answer, {**timings, "queue_s": sent - pending.queued_at, "handler_s": handler_s,
                                   **({"metrics": metrics} if i == 0 and metrics else {})})
+
+    def _runtime(self, process: _Process, report: dict[str, Any] | None) -> dict[str, Any]:
+        """What ran the batch's model calls (onnx, torch), for its timings; the reason once, logged by the
+        worker too, when the process's decision is made or changes (serving/torchserve/onnx_swap.py)."""
+        if not report:
+            return {}
+        used = ",".join(report.get("used") or ()) or report.get("runtime", "")
+        decided = (report.get("runtime"), report.get("reason")) != (process.runtime.get("runtime"),
+                                                                    process.runtime.get("reason"))
+        process.runtime = report
+        if not decided or report.get("pending"):
+            return {"runtime": used}
+        note = f"{report.get('runtime')}: {report.get('reason')}"
+        level = (logging.INFO if report.get("runtime") == "onnx"
+                 else logging.ERROR if report.get("requested") == "onnx" else logging.WARNING)
+        log.log(level, "%s: handler process %d (runtime %s) runs its model with %s", self.spec.model_name,
+                process.index, report.get("requested"), note)
+        return {"runtime": used, "runtime_note": note}
+
+    def runtimes(self) -> list[dict[str, Any]]:
+        """Each handler process's latest runtime report ({} before its first batch, or for runtime torch)."""
+        return [dict(process.runtime) for process in self._processes]
 
     def _restart(self, process: _Process) -> None:
         process.stop()

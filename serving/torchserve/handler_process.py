@@ -90,6 +90,11 @@ class Handler:
                                             spec["batch_size"], None, True, metrics)
         self.context = self.service.context
         self.metric_lines.take()  # what initialization logged is not a request's
+        self.swap = None  # engine option runtime: onnxruntime in place of the handler's model
+        if (spec.get("runtime") or "torch") != "torch":  # (torch, the default, changes nothing and imports nothing)
+            from serving.torchserve.onnx_swap import install
+
+            self.swap = install(self.service, spec["runtime"], int(spec.get("threads") or 0))
 
     def predict(self, batch: list[HandlerRequest]) -> list[HandlerAnswer]:
         answers = self._call(batch)
@@ -180,8 +185,10 @@ def serve(sock: socket.socket, spec: dict[str, Any]) -> None:
             return
         started = time.perf_counter()
         answers = handler.predict(batch)
-        send(sock, {"answers": answers, "metrics": handler.metric_lines.take(),
-                    "handler_s": time.perf_counter() - started})
+        reply = {"answers": answers, "metrics": handler.metric_lines.take(), "handler_s": time.perf_counter() - started}
+        if handler.swap is not None:  # what ran the model, and why (runtime onnx or auto)
+            reply["runtime"] = handler.swap.take()
+        send(sock, reply)
 
 
 def _vision() -> None:

@@ -78,7 +78,8 @@ class TorchServeEngine:
         logs.mkdir(parents=True, exist_ok=True)
         return PoolSpec(model_name=target.model, model_dir=model_dir, info=info, batch_size=values["batch_size"],
                         max_batch_delay_ms=values["max_batch_delay"], response_timeout_s=values["response_timeout"],
-                        workers=values["workers"], threads=values["threads"], packages=packages,
+                        workers=values["workers"], threads=values["threads"], runtime=values["runtime"],
+                        packages=packages,
                         log_path=logs / f"{target.model}-v{target.version}-{target.artifact[:12]}.log")
 
     def _packages(self, target: Target, path: Path, info: ArchiveInfo) -> Path | None:
