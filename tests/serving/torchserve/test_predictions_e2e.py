@@ -11,8 +11,10 @@ archives are registered through the control plane's API, which the CLI calls.
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from tests.serving.stack import Stack, make_stack
+from serving.ports import free_port
 from tests.serving.torchserve.archives import Archive, session_archives
 from tests.serving.torchserve.test_reference_harness import concurrently
 from tests.support.torchserve import TorchServe, torchserve
@@ -49,6 +52,8 @@ def reference(tmp_path_factory, archives) -> Iterator[TorchServe]:
 def platform(tmp_path_factory, archives) -> Iterator[Stack]:
     stack = make_stack(tmp_path_factory.mktemp("ts-platform"), workers=1)
     stack.env["SERVING_INSTALL_PY_DEP_PER_MODEL"] = "true"  # the requirements archive installs per model
+    stack.env["SERVING_TORCHSERVE_MANAGEMENT_PORT"] = str(free_port())  # TorchServe's management API
+    stack.env["SERVING_TORCHSERVE_MODEL_STORE"] = str(copy_into(archives["function"].mar, stack.home / "store").parent)
     try:
         stack.start_components(statistics=True)
         stack.cli("model", "upload", "--name", "mnist", "--path", str(archives["mnist"].mar))
@@ -62,6 +67,11 @@ def platform(tmp_path_factory, archives) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop_all()
+
+
+def copy_into(mar: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copyfile(mar, folder / mar.name))
 
 
 def _register(api: httpx.Client, archive: Archive) -> None:
@@ -269,3 +279,32 @@ def test_ts_metric_names_and_handler_metrics_reach_prometheus(platform, referenc
     requests = [line for line in mine.splitlines() if line.startswith("ts_inference_requests_total")
                 and 'model_name="metrics"' in line]
     assert requests and float(requests[0].rsplit(" ", 1)[1]) >= 3, requests
+
+
+def test_a_deploy_jobs_management_calls_work_with_host_port_and_token_changed(platform, reference, archives):
+    """The same TorchServe management calls against both: register from the model store (synchronous),
+    list, describe, predict, unregister; the answers have TorchServe's shapes."""
+    ours_url = f"http://127.0.0.1:{platform.env['SERVING_TORCHSERVE_MANAGEMENT_PORT']}"
+    token = platform.headers()
+    copy_into(archives["function"].mar, reference.model_store)
+    calls = {}
+    for side, base, headers in (("theirs", reference.management_url, {}), ("ours", ours_url, token)):
+        with httpx.Client(base_url=base, headers=headers, timeout=180) as api:
+            registered = api.post("/models", params={"url": "function.mar", "model_name": "echo",
+                                                     "initial_workers": 1, "synchronous": "true"})
+            listed, described = api.get("/models"), api.get("/models/echo")
+            predicted = send(f"{reference.inference_url if side == 'theirs' else platform.worker_url()}"
+                             "/predictions/echo", b"over the management api")
+            gone = api.delete("/models/echo")
+            missing = api.get("/models/echo")
+            calls[side] = (registered, listed, described, predicted, gone, missing)
+    theirs, mine = calls["theirs"], calls["ours"]
+    assert [a.status_code for a in mine] == [a.status_code for a in theirs] == [200, 200, 200, 200, 200, 404], \
+        [a.text for a in mine]
+    assert "registered" in mine[0].json()["status"] and "registered" in theirs[0].json()["status"]
+    assert set(mine[1].json()) >= {"models"} and {"modelName", "modelUrl"} <= set(mine[1].json()["models"][0])
+    mine_desc, theirs_desc = mine[2].json()[0], theirs[2].json()[0]
+    assert {"modelName", "modelVersion", "batchSize", "maxBatchDelay", "workers"} <= set(mine_desc), mine_desc
+    assert (mine_desc["modelName"], mine_desc["modelVersion"]) == (theirs_desc["modelName"], theirs_desc["modelVersion"])
+    same(_comparable("function", theirs[3].json()), _comparable("function", mine[3].json()), "echo")
+    assert mine[5].json()["type"] == theirs[5].json()["type"] == "ModelNotFoundException"
