@@ -38,7 +38,6 @@ class HandlerError(ServingError):
 
 class TorchServeEngine:
     kind = "python"
-    handles_requests = True  # its processor passes the request through whole (preprocess/handler.py)
 
     def __init__(self, artifact_path: Callable[[str], Path], root: Path, per_model_installs: bool = False) -> None:
         self.artifact_path = artifact_path
