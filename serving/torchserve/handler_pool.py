@@ -150,7 +150,7 @@ def default_threads(workers: int) -> int:
     default is every core in every process, and the threads of several processes then wait for each other
     at the end of each operator, spinning (libgomp) on the cores the others need: on 2 cores, 2 handler
     processes of a small CNN answered 90 requests/s at 8 clients with torch's default, 1,600 with one
-    thread each (docs/benchmarks.md, TorchServe). onnxruntime's threads (runtime onnx) are set apart."""
+    thread each (measured on a 2-core machine). onnxruntime's threads (runtime onnx) are set apart."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
