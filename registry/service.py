@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from registry import formats, io_spec, pytorch_models, schemas
 from registry.artifacts import ArtifactStore
 from registry.errors import BadRequest, Conflict, NotFound, RegistryError, Unprocessable  # noqa: F401 (re-exported)
+from registry.lora_engines import join_base_engine
 from registry.orm import ConfigState, Endpoint, EndpointTarget, MetricDefinition, ModelVersion
 from registry.routes import declared_io, route, route_newest
 from registry.signature import onnx_signature, refuse_pytorch
@@ -231,6 +232,8 @@ class Registry:
             if req.engine_options is not None or engine_changed:
                 ep.engine_options = req.engine_options or {}
             if req.engine in schemas.LLM_ENGINES:
+                if model is not None:
+                    ep.engine_options = join_base_engine(s, ep.name, model, ep.engine_options or {})
                 _check_llm(model, ep.engine_options)
             if req.max_versions is not None:
                 ep.auto_update = {"model": model.name, "max_versions": req.max_versions, "weights": None}

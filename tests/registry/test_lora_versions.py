@@ -131,3 +131,37 @@ def test_deploying_an_adapter_runs_it_in_its_bases_engine_with_lora_on(cp, model
     cli(url, "endpoint", "remove", "--endpoint", "chat")
     res = cli(url, "model", "remove", "--name", "tiny-llm", code=1)
     assert _words("deployed on endpoint(s) support, support2") in _words(res.output), res.output
+
+
+def test_an_adapter_with_no_options_joins_its_bases_engine_and_takes_its_options(cp, models):  # noqa: F811
+    """The defect issue 45 names: an adapter deployed with no --aux-config next to a base with options
+    keyed a second engine of the base with vLLM's defaults."""
+    url, home = cp
+    cli(url, "model", "upload", "--name", "opt-base", "--path", str(models["base"]))
+    cli(url, "model", "upload", "--name", "opt-bot", "--path", str(models["adapter"]), "--base", "opt-base:1")
+    cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-chat", "--model", "opt-base:1",
+        "--aux-config", "dtype=float32", "max_model_len=512")
+    cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-support", "--model", "opt-bot:1")
+    key = engine_key("opt-base", 1, {"dtype": "float32", "max_model_len": 512})
+    listed = {e["name"]: e for e in json.loads(cli(url, "endpoint", "list", "--json").output)}
+    assert listed["opt-support"]["targets"][0]["served_by"]["engine"] == key
+    with control(home) as c:
+        snapshot = c.get("/config").json()
+    specs = [s for s in wanted_engines(snapshot).values() if s.key.startswith("opt-base:")]
+    assert [s.key for s in specs] == [key], "one engine of the base, not a second with vLLM's defaults"
+    assert specs[0].options["dtype"] == "float32" and specs[0].adapters.keys() == {"opt-bot:1"}
+    # the same options again are the same engine; other ones are refused, naming them
+    cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-same", "--model", "opt-bot:1",
+        "--aux-config", "dtype=float32", "max_model_len=512")
+    res = cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-other", "--model", "opt-bot:1",
+              "--aux-config", "dtype=bfloat16", code=1)
+    assert res.output.startswith("error 422:"), res.output
+    assert _words("opt-bot:1 is a LoRA adapter of opt-base:1, which runs in an engine with dtype=float32 "
+                  "max_model_len=512: its options dtype=bfloat16 (the engine: float32), max_model_len=unset "
+                  "(the engine: 512) differ from that engine's") in _words(res.output), res.output
+    # a base in two engines: an adapter without options must say which
+    cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-long", "--model", "opt-base:1",
+        "--aux-config", "dtype=float32", "max_model_len=256")
+    res = cli(url, "model", "add", "--engine", "vllm", "--endpoint", "opt-which", "--model", "opt-bot:1", code=1)
+    assert _words("which runs in 2 engines") in _words(res.output) and \
+        _words("name the one to join with its --aux-config options") in _words(res.output), res.output
