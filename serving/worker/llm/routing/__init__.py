@@ -1,9 +1,9 @@
 """Routing policies over an engine's replicas, chosen per endpoint by name (``--aux-config routing=NAME``).
 
 Each policy is a module of its own with a class taking no arguments; adding one is a module and a line
-in :data:`POLICIES`. Every worker process decides alone from what it sees (its own requests in flight,
-the engines' own queue gauges, hashes of the request): there is no router process in between, and
-workers agree wherever a policy is a pure function of the request (``session``), or places the keys
+in serving/llm/routing_policies.py's ``POLICIES`` (where the registry reads the names too). Every worker
+process decides alone from what it sees (its own requests in flight, the engines' own queue gauges,
+hashes of the request): there is no router process in between, and workers agree wherever a policy is a pure function of the request (``session``), or places the keys
 they are fed alike (``prefix``: routing/key_homes.py).
 docs/llm-routing.md says what each does and when to pick it.
 """
@@ -11,19 +11,8 @@ from __future__ import annotations
 
 import importlib
 
+from serving.llm.routing_policies import DEFAULT, POLICIES, names  # noqa: F401 (the names, below the registry)
 from serving.worker.llm.routing.base import Policy
-
-POLICIES: dict[str, str] = {
-    "least-loaded": "serving.worker.llm.routing.least_loaded:LeastLoaded",
-    "session": "serving.worker.llm.routing.session:Session",
-    "prefix": "serving.worker.llm.routing.prefix:Prefix",
-    "round-robin": "serving.worker.llm.routing.round_robin:RoundRobin",
-}
-DEFAULT = "least-loaded"
-
-
-def names() -> tuple[str, ...]:
-    return tuple(POLICIES)
 
 
 def create(name: str | None) -> Policy:

@@ -1,0 +1,20 @@
+"""The routing policies an LLM endpoint may pick (``--aux-config routing=NAME``), by name.
+
+Here, below both of their users, so that no import points upward: the registry checks an endpoint's
+option against these names (serving/llm/checks.py), and the worker builds the policy a name refers to
+(serving/worker/llm/routing/, where each policy is a module of its own). The references are strings,
+so naming a policy here imports nothing of the worker. Adding a policy is its module and one entry here.
+"""
+from __future__ import annotations
+
+POLICIES: dict[str, str] = {
+    "least-loaded": "serving.worker.llm.routing.least_loaded:LeastLoaded",
+    "session": "serving.worker.llm.routing.session:Session",
+    "prefix": "serving.worker.llm.routing.prefix:Prefix",
+    "round-robin": "serving.worker.llm.routing.round_robin:RoundRobin",
+}
+DEFAULT = "least-loaded"
+
+
+def names() -> tuple[str, ...]:
+    return tuple(POLICIES)
