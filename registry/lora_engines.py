@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from registry.errors import Unprocessable
 from registry.orm import Endpoint, ModelVersion
+from registry.schemas import LLM_ENGINES
 from serving.llm.naming import launch_options, lora_base
 
 
@@ -49,7 +50,7 @@ def base_engines(s: Session, endpoint: str, base: tuple[str, int]) -> dict[str, 
     """The launch options of each engine the platform runs ``base`` in for other endpoints: those serving
     the base itself or another adapter of it (keyed by the options' canonical JSON)."""
     found: dict[str, dict[str, Any]] = {}
-    q = select(Endpoint).where(Endpoint.engine == "vllm", Endpoint.name != endpoint)
+    q = select(Endpoint).where(Endpoint.engine.in_(LLM_ENGINES), Endpoint.name != endpoint)
     for ep in s.scalars(q):
         options = ep.engine_options or {}
         if options.get("url"):

@@ -58,8 +58,9 @@ def model_name(value: str, what: str = "model name") -> str:
 EndpointName = Annotated[str, AfterValidator(endpoint_name)]
 ModelName = Annotated[str, AfterValidator(model_name)]
 
+LLM_ENGINES = ("vllm",)  # serving/llm/checks.py checks their engine_options
 # Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
-ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", "vllm",
+ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", *LLM_ENGINES,
            "torchserve",  # a TorchServe archive's handler, in the worker (docs/torchserve.md)
            "torch")  # a PyTorch model with torch in the worker, where its ONNX export does not apply
 MODEL_LESS_ENGINES = ("custom", "custom_async")
@@ -70,7 +71,6 @@ FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow",
               "torchserve",  # a TorchServe model archive (.mar, torch-model-archiver), engine torchserve
               "torch-export", "pytorch-state-dict")  # with torchscript: engine torch (serving/pytorch/kinds.py)
 Engine = Literal[ENGINES]
-LLM_ENGINES = ("vllm",)  # serving/llm/checks.py checks their engine_options
 OPTION_ENGINES = (*LLM_ENGINES, "torchserve")  # engine_options (and --aux-config pairs) belong to these
 
 
