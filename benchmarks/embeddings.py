@@ -45,6 +45,7 @@ import numpy as np
 from benchmarks.corpus import make_corpus, word_list
 from benchmarks.embeddings_report import console, markdown, plot, print_table, ratios
 from benchmarks.procs import REPO, child_env, free_port, process, wait_http
+from benchmarks.report import write_outputs
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CACHE_DIR = Path(__file__).resolve().parent / ".cache" / "embeddings"
@@ -374,11 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
                   wall_s=round(time.monotonic() - t0, 1),
                   load_average={"before": load_before, "after": Path("/proc/loadavg").read_text().split()[:3]})
     print_table(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "embeddings.json").write_text(json.dumps(result, indent=1))
-    (args.out / "embeddings.md").write_text(markdown(result))
-    plot(result, args.out / "embeddings.png")
-    console.print(f"wrote {args.out}/embeddings.json, .md, .png in {result['wall_s']:.0f} s")
+    write_outputs(args.out, "embeddings", result, markdown, plot, console)
     return result
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+from benchmarks.report import rich_table
 
 console = Console(width=132)
 
@@ -74,18 +75,8 @@ def ratio_rows(result: dict) -> list[list[str]]:
 
 
 def print_table(result: dict) -> None:
-    table = Table(title=f"MiniLM-L6 embeddings ({result['machine']})")
-    for h in HEADERS:
-        table.add_column(h)
-    for row in table_rows(result):
-        table.add_row(*row)
-    console.print(table)
-    ratio = Table(title="platform / other (sentences/s)")
-    for h in RATIO_HEADERS:
-        ratio.add_column(h)
-    for row in ratio_rows(result):
-        ratio.add_row(*row)
-    console.print(ratio)
+    console.print(rich_table(f"MiniLM-L6 embeddings ({result['machine']})", HEADERS, table_rows(result)))
+    console.print(rich_table("platform / other (sentences/s)", RATIO_HEADERS, ratio_rows(result)))
 
 
 def markdown(result: dict) -> str:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.results import BASELINE, CEILING, RunResult, SystemResult
+from benchmarks.results import BASELINE, CEILING, RunResult, SystemResult, finite
 
 ECHO_OTHERS = ("litserve", "mlserver", "bentoml")
 STATS_PAIRS = (("platform-ort-1w", "platform-ort-1w-nostats"),
@@ -88,6 +88,26 @@ def checks(run: RunResult) -> list[dict[str, Any]]:
                 out.append({"target": f"{workload}: statistics overhead < 5% ({on} vs statistics off)",
                             "system": on, "value": cost, "met": cost < 0.05})
     return out
+
+
+def write_outputs(out: Path, name: str, result: dict, markdown: Callable[[dict], str],
+                  plot: Callable[[dict, Path], None], console: Console) -> None:
+    """A benchmark's record: ``name``.json (the figures, NaN as null), .md (its tables) and .png (its plot)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(finite(result), indent=1))
+    (out / f"{name}.md").write_text(markdown(result))
+    plot(result, out / f"{name}.png")
+    console.print(f"wrote {out}/{name}.json, .md, .png in {result['wall_s']:.0f} s")
+
+
+def rich_table(title: str, headers: Sequence[str], rows: Iterable[Sequence[str]]) -> Table:
+    """A titled table of text rows, for a benchmark's printout."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def print_table(run: RunResult, console: Console | None = None) -> None:

@@ -80,7 +80,7 @@ class RunResult:
         data = asdict(self)
         for item, res in zip(data["results"], self.results):
             item["best_rps"] = res.best_rps
-        return _finite(data)
+        return finite(data)
 
 
 CEILING = "ceiling"
@@ -128,12 +128,12 @@ def _best_of(results: list[SystemResult], system: str) -> float | None:
     return None
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     """JSON has no NaN: a level without a successful request has no percentiles."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     return value
