@@ -11,6 +11,7 @@ engine index, so dashboards and alerts need not know vLLM's names. An engine tha
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Callable, Iterator
 
 import httpx
@@ -21,6 +22,14 @@ from prometheus_client.samples import Sample
 from serving.llm.naming import engine_key, lora_base
 
 log = logging.getLogger(__name__)
+_QUEUE_LINE = re.compile(rb"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)", re.M)
+
+
+def engine_queue(metrics: bytes) -> float:
+    """Requests running plus waiting, from vLLM's Prometheus text (summed over its engine indexes): what a
+    worker's least-loaded policy balances, and what the launcher waits to see at 0 before stopping a
+    replaced engine."""
+    return sum(float(m) for m in _QUEUE_LINE.findall(metrics))
 
 SCRAPE_TIMEOUT_S = 2.0
 QUEUE = {"vllm:num_requests_running": "serving_llm_requests_running",

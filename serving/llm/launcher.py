@@ -15,6 +15,12 @@ Replicas (``--aux-config replicas=N``): each is a process of its own on a port o
 apart (one dying leaves the others serving and is restarted alone), placed on its own cores or GPUs
 (serving/llm/placement.py). The number changes without restarting the others: new slots start, the
 highest ones stop.
+
+A change of what an engine computes under the same key (the first LoRA adapter turns LoRA on, or a
+larger rank is needed) replaces it without losing a request: the new replicas start beside the old
+ones (serving/llm/replacement.py), which keep serving until every new one is ready; then ``GET
+/engines`` shows the new ones, and the old ones stop once idle. Both run meanwhile: on a GPU with
+room for one, give the base's endpoint ``max_lora_rank`` so that its engine starts with LoRA on.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from serving.llm.engine_process import (
 )
 from serving.llm.memory import EngineMemory
 from serving.llm.placement import replica_env
+from serving.llm.replacement import Replacements
 from serving.ports import free_port
 from serving.settings import LLMSettings
 from serving.supervisor import Child, Supervisor, describe_exit
@@ -41,6 +48,7 @@ from serving.supervisor import Child, Supervisor, describe_exit
 log = logging.getLogger(__name__)
 
 UNLOAD_GRACE_S = 5.0
+DRAIN_S = 300.0            # a replaced engine's requests get this long to finish (replacement.py)
 CRASH_WINDOW_S = 900.0     # an engine takes about 45 s to start: a crash loop is slow
 
 
@@ -61,11 +69,14 @@ class Engine:
     shm: set[str] = field(default_factory=set)  # /dev/shm segments its processes mapped
     adapters: dict[str, str] = field(default_factory=dict)        # LoRA adapters loaded: name -> artifact
     adapter_errors: dict[str, str] = field(default_factory=dict)  # adapters it refused: name -> why
+    generation: int = 0                 # how many times the key's engine was replaced (replacement.py)
 
     @property
     def name(self) -> str:
-        """In logs, log file names and the memory budget: the key, ``#slot`` added past the first."""
-        return self.key if self.slot == 0 else f"{self.key}#{self.slot}"
+        """In logs, log file names and the memory budget: the key, ``#slot`` added past the first, and
+        ``~N`` for the Nth replacement (which runs beside the one it replaces)."""
+        name = self.key if self.slot == 0 else f"{self.key}#{self.slot}"
+        return f"{name}~{self.generation}" if self.generation else name
 
     @property
     def proc(self):
@@ -89,10 +100,15 @@ class EngineSet:
     model_dir: Path | None = None       # set once the folder is unpacked
     preparing: threading.Thread | None = None
     unpack_error: str | None = None     # the folder could not be fetched or unpacked: every replica fails
+    generation: int = 0                 # its replicas' (Engine.generation)
 
     @property
     def key(self) -> str:
         return self.spec.key
+
+    @property
+    def all_ready(self) -> bool:
+        return bool(self.replicas) and all(r.state == "ready" for r in self.replicas)
 
     def view(self) -> dict[str, Any]:
         """Ready while any replica is; ``url`` the first ready one's (what a worker without replica
@@ -122,6 +138,7 @@ class Launcher:
         self.unwanted_since: dict[str, float] = {}
         self.revision = -1
         self.memory = EngineMemory(settings.llm_memory_budget_mb)
+        self.replacements = Replacements(self._stop_replica, UNLOAD_GRACE_S, DRAIN_S)
         self.adapters = AdapterFolders(artifact_path, self.unpack_root)
         self.lock = threading.RLock()
         self.closed = False
@@ -134,12 +151,17 @@ class Launcher:
             self.revision = int(snapshot.get("revision", -1))
             for key, spec in self.wanted.items():
                 engine = self.engines.get(key)
-                if engine is not None and not engine.spec.same_engine(spec):  # new options or artifact
-                    log.info("engine %s changed (options or folder); restarting it", key)
-                    self._stop(key)
+                generation = 0
+                if engine is not None and not engine.spec.same_engine(spec):  # new options, LoRA or folder
+                    generation = engine.generation + 1
+                    if self.replacements.retire(engine):  # it serves until its successor is ready
+                        self.engines.pop(key)
+                    else:
+                        log.info("engine %s changed (options, LoRA or folder); restarting it", key)
+                        self._stop(key)
                     engine = None
                 if engine is None:
-                    self.engines[key] = self._new(spec)
+                    self.engines[key] = self._new(spec, generation)
                 else:
                     engine.spec = spec
                 self._scale(self.engines[key])
@@ -147,8 +169,8 @@ class Launcher:
         # engines are started by ``tick`` on the launcher's main thread: PR_SET_PDEATHSIG follows the thread
         # that forks, and that one lives as long as the launcher
 
-    def _new(self, spec: EngineSpec) -> EngineSet:
-        engine = EngineSet(spec)
+    def _new(self, spec: EngineSpec, generation: int = 0) -> EngineSet:
+        engine = EngineSet(spec, generation=generation)
         self._scale(engine)
         engine.preparing = threading.Thread(target=self._prepare, args=(engine,), name=f"llm-prepare-{spec.key}",
                                             daemon=True)
@@ -160,7 +182,8 @@ class Launcher:
         while len(engine.replicas) < engine.spec.replicas:
             sup = Supervisor({}, self.log_dir, max_crashes=self.settings.llm_max_crashes,
                              crash_window_s=CRASH_WINDOW_S)
-            engine.replicas.append(Engine(engine.key, len(engine.replicas), free_port(), sup))
+            engine.replicas.append(Engine(engine.key, len(engine.replicas), free_port(), sup,
+                                          generation=engine.generation))
         while len(engine.replicas) > engine.spec.replicas:
             self._stop_replica(engine.replicas.pop())
             self.on_change()
@@ -189,6 +212,7 @@ class Launcher:
                         self._set(replica, "failed", engine.unpack_error)
                     elif engine.model_dir is not None:
                         self._watch(engine, replica)
+            self.replacements.tick({k: e for k, e in self.engines.items() if k in self.wanted}, self.on_change)
             self._stop_unwanted()
 
     def _watch(self, engine: EngineSet, replica: Engine) -> None:
@@ -235,8 +259,8 @@ class Launcher:
         except ValueError as exc:
             self._set(replica, "failed", str(exc))
             return
-        room = self.memory.refusal(replica.name, [r.proc.pid for e in self.engines.values() for r in e.replicas
-                                                  if r.proc is not None and r is not replica])
+        others = [r.proc.pid for e in self.engines.values() for r in e.replicas if r.proc is not None and r is not replica]
+        room = self.memory.refusal(replica.name, [*others, *self.replacements.pids()])
         if room is not None:
             self._set(replica, "failed", room)  # tried again at each tick: an engine stopped frees room
             return
@@ -309,7 +333,8 @@ class Launcher:
     def view(self) -> dict[str, Any]:
         """``GET /engines``: the engines of deployed versions (stopping ones are left out)."""
         with self.lock:
-            return {"engines": {k: e.view() for k, e in self.engines.items() if k in self.wanted}}
+            return {"engines": {k: self.replacements.serving(e).view() for k, e in self.engines.items()
+                                if k in self.wanted}}
 
     def readiness(self) -> dict[str, Any]:
         """Engines none of whose replicas can serve, and adapters an engine refused, with why."""
@@ -325,5 +350,6 @@ class Launcher:
     def close(self) -> None:
         with self.lock:
             self.closed = True
+            self.replacements.close()
             for key in list(self.engines):
                 self._stop(key)

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from typing import Callable, Iterable, NamedTuple
 
 import aiohttp
 
+from serving.llm.engine_metrics import engine_queue
 from serving.worker.llm import routing
 from serving.worker.llm.routing.base import Policy, Replica, RouteHint
 
@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 METRICS_PERIOD_S = 1.0
 PROBE_PERIOD_S = 0.5
 IDLE_S = 30.0   # no request for this long: stop reading the members' metrics
-_QUEUE = re.compile(rb"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)", re.M)
 
 
 class Member(NamedTuple):
@@ -38,11 +37,6 @@ class Member(NamedTuple):
     url: str
     ready: bool = True
     adapters: frozenset[str] = frozenset()
-
-
-def engine_queue(metrics: bytes) -> float:
-    """Requests running plus waiting, from vLLM's Prometheus text (summed over its engine indexes)."""
-    return sum(float(m) for m in _QUEUE.findall(metrics))
 
 
 def root(url: str) -> str:

@@ -16,10 +16,8 @@ import psutil
 import pytest
 
 from serving.llm.naming import engine_key
-from serving.settings import LLMSettings
 from serving.testmodels_llm import build_lora_adapter, build_tiny_llama, greedy_reference, merged_greedy_reference
-from tests.serving.stack import make_stack
-from tests.support.ci import cannot_run
+from tests.serving.llm.llm_stack import llm_stack
 from tests.support.procs import wait_until
 
 START_S = 420.0
@@ -31,17 +29,10 @@ PROMPT = "the quick brown fox"
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    if LLMSettings().vllm_python is None:
-        cannot_run("no vLLM venv (.venv-vllm): run scripts/setup.sh")
     root = tmp_path_factory.mktemp("lora")
     base = build_tiny_llama(root / "tiny-llama").path
     adapters = [build_lora_adapter(root / f"adapter{i}", base, seed=i) for i in (1, 2)]
-    stack = make_stack(root / "home", workers=1)
-    stack.env |= {"SERVING_STATISTICS_ENABLED": "false"}
-    try:
-        stack.start_control_plane()
-        stack.start_llm()
-        stack.start_worker(0)
+    with llm_stack(root) as stack:
         stack.cli("model", "upload", "--name", "tiny-llm", "--path", str(base))
         for adapter in adapters:
             stack.cli("model", "upload", "--name", "support-bot", "--path", str(adapter), "--base", "tiny-llm:1")
@@ -50,8 +41,6 @@ def llm(tmp_path_factory):
         wait_until(lambda: (engine(stack) or {}).get("state") == "ready", START_S, "the base's engine ready", interval=1)
         stack.base, stack.adapters = base, adapters
         yield stack
-    finally:
-        stack.stop_all()
 
 
 @pytest.fixture(scope="module")
