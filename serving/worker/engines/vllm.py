@@ -46,6 +46,7 @@ import orjson
 from serving.llm.naming import adapter_name, target_engine
 from serving.worker.engines.sse import DONE, SseEvent, read_events
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
+from serving.worker.llm.engine_api import StreamEvent
 from serving.worker.llm.external import ExternalReplicas
 from serving.worker.llm.replicas import Member, ReplicaSet
 from serving.worker.llm.routing.base import Replica, RouteHint
@@ -87,6 +88,8 @@ def adapter_of(target: Target) -> str | None:
 
 
 class VllmEngine:
+    """vLLM's OpenAI server as an LLM engine (serving/worker/llm/engine_api.py: LLMEngine)."""
+
     kind = "llm"            # the data plane's generation path (llm/relay.py), not infer() or run()
     calls_user_load = False  # ClearML's vllm preprocess builds its engine in load(): never here (docs/llm.md)
 
@@ -306,12 +309,6 @@ class VllmEngine:
         self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
         return Unavailable(f"the LLM engine of model {served_name(target)} is not answering "
                            f"({type(exc).__name__}: {brief(exc) or 'connection failed'})", retry_after_s=RETRY_AFTER_S)
-
-
-@dataclass
-class StreamEvent:
-    event: dict[str, Any] | None  # the parsed event, the model renamed; None for the stream's ``[DONE]``
-    data: bytes                   # its JSON as the engine wrote it, the model renamed, to pass on as is
 
 
 class EngineStream:

@@ -23,8 +23,9 @@ from serving.worker.frontends.body import json_response, parse_json, read_body
 from serving.worker.frontends.openai_embeddings import embed, encoder_task
 from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER
 from serving.worker.llm.hints import SESSION_HEADER
-from serving.worker.llm.protocol import checked
-from serving.worker.llm.relay import CLIENT_CLOSED, ROUTES, Generation, InvalidRequest, split_model
+from serving.worker.llm.openai_routes import ROUTES, checked
+from serving.worker.llm.protocol import InvalidRequest
+from serving.worker.llm.relay import CLIENT_CLOSED, Generation, split_model
 
 PREFIX = "/serve/openai/v1"
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from serving.worker.dataplane import Answer, DataPlane
-from serving.worker.llm.relay import InvalidRequest, split_model
+from serving.worker.llm.protocol import InvalidRequest
+from serving.worker.llm.relay import split_model
 from serving.worker.runtime import EndpointRuntime
 
 EMBED = "embed"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from serving.worker.llm.openai_routes import ROUTES
 from serving.worker.llm.routing.base import RouteHint
 from serving.worker.llm.routing.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
 from serving.worker.llm.tokens import PromptCounter
@@ -24,7 +25,7 @@ def route_hint(tokens: PromptCounter, target: Target, route: str, request: dict[
 
 
 def _prefix(tokens: PromptCounter, target: Target, route: str, request: dict[str, Any]) -> bytes | None:
-    if route == "embeddings" or not tokens.loaded(target):  # never a file read on the event loop
+    if ROUTES[route].prompt is None or not tokens.loaded(target):  # nothing generated; never a file read on the loop
         return None
     try:
         ids = tokens.leading(target, route, request, BLOCK_TOKENS * PREFIX_BLOCKS)

@@ -11,7 +11,15 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from serving.worker.llm.relay import InvalidRequest
+from serving.worker.errors import BadRequest
+
+
+class InvalidRequest(BadRequest):
+    """A 400 naming the request field at fault (OpenAI's ``param``) and a ``code`` where OpenAI has one."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 class _Open(BaseModel):
@@ -59,8 +67,6 @@ class EmbeddingRequest(_Open):
     truncate: bool | None = None  # TEI's name, taken on encoder endpoints (docs/embeddings.md)
 
 
-SCHEMAS: dict[str, type[BaseModel]] = {"chat/completions": ChatRequest, "completions": CompletionRequest,
-                                       "embeddings": EmbeddingRequest}
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 
@@ -69,12 +75,12 @@ def _param(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc if isinstance(p, int) or (str(p).isidentifier() and p not in _TYPE_TAGS))
 
 
-def checked(route: str, doc: Any) -> dict[str, Any]:
-    """The request as sent, once it has the shape ``route`` needs; an InvalidRequest naming the field if not."""
+def validated(schema: type[BaseModel], doc: Any) -> dict[str, Any]:
+    """The request as sent, once it has the shape ``schema`` needs; an InvalidRequest naming the field if not."""
     if not isinstance(doc, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
-        SCHEMAS[route].model_validate(doc)
+        schema.model_validate(doc)
     except ValidationError as exc:
         first = exc.errors()[0]
         param = _param(first["loc"])

@@ -22,25 +22,19 @@ import orjson
 
 from preprocess.base import PreprocessError
 from serving.worker.dataplane import DataPlane, RequestStats
-from serving.worker.errors import BadRequest, NotFound, ServingError, user_code_error
+from serving.worker.errors import NotFound, ServingError, user_code_error
+from serving.worker.llm.engine_api import GenerationStream, LLMEngine
 from serving.worker.llm.hints import route_hint
+from serving.worker.llm.openai_routes import ROUTES
+from serving.worker.llm.protocol import InvalidRequest
 from serving.worker.llm.shadow import LlmShadow, StreamText, choice_texts
 from serving.worker.llm.timing import GenerationTimer
 from serving.worker.runtime import EndpointRuntime, Target
 
-ROUTES = ("chat/completions", "completions", "embeddings")
 CLIENT_CLOSED = 499  # the status a request's event gets when its client went away first
 # a prompt up to this size (as JSON) is counted on the event loop: its tokens take ~20 µs to count here,
 # a hop to a thread ~90 µs, and 32 streams starting at once queued those hops into their TTFT
 INLINE_COUNT_BYTES = 2_000
-
-
-class InvalidRequest(BadRequest):
-    """A 400 naming the request field at fault (OpenAI's ``param``) and a ``code`` where OpenAI has one."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
 
 
 @dataclass
@@ -88,7 +82,7 @@ class Generation:
         name, version = split_model(request["model"])
         ep = self.llm_endpoint(name)
         target = self.dataplane.route(ep, version, routing_key)
-        engine = self.dataplane.engines[ep.engine]
+        engine: LLMEngine = self.dataplane.engines[ep.engine]
         stats = RequestStats(ep.name, version=target.version, client=client)
         status, streaming = 500, False
         try:
@@ -137,7 +131,7 @@ class Generation:
             if not streaming:
                 self.dataplane.record(stats, status)
 
-    async def _relay(self, stream: Any, stats: RequestStats, wants_usage: bool,
+    async def _relay(self, stream: GenerationStream, stats: RequestStats, wants_usage: bool,
                      timer: GenerationTimer, ended: Callable[[dict[int, str]], None]) -> AsyncIterator[bytes]:
         """Each event on as it comes. The engine is always asked for usage (the statistics need it);
         a client that did not ask gets no usage chunk. A stream the engine breaks ends with an
@@ -202,18 +196,18 @@ async def _preprocess(processor: Any, request: dict[str, Any], state: dict, stat
     return {**changed, "model": request["model"]}
 
 
-def _count(engine: Any, target: Target, field: str, request: dict[str, Any]) -> list[int | None] | None:
+def _count(engine: LLMEngine, target: Target, field: str, request: dict[str, Any]) -> list[int | None] | None:
     if field == "messages":
         return [engine.tokens.chat(target, request)]
     return engine.tokens.prompts(target, request["prompt"])
 
 
-async def _check_context(engine: Any, target: Target, route: str, request: dict[str, Any]) -> None:
+async def _check_context(engine: LLMEngine, target: Target, route: str, request: dict[str, Any]) -> None:
     """Prompt tokens + max_tokens must fit the model's context (at least one token when max_tokens is unset)."""
     limit = int(target.engine_options.get("max_model_len") or target.llm.get("max_model_len") or 0)
-    if not limit or route == "embeddings":
+    field = ROUTES[route].prompt
+    if not limit or field is None:
         return
-    field = "messages" if route == "chat/completions" else "prompt"
     try:
         if engine.tokens.loaded(target) and len(orjson.dumps(request[field])) <= INLINE_COUNT_BYTES:
             counts = _count(engine, target, field, request)
@@ -234,12 +228,12 @@ async def _check_context(engine: Any, target: Target, route: str, request: dict[
                 param=param, code="context_length_exceeded")
 
 
-async def _fill_usage(engine: Any, target: Target, route: str, request: dict[str, Any],
+async def _fill_usage(engine: LLMEngine, target: Target, route: str, request: dict[str, Any],
                       answer: dict[str, Any]) -> None:
     """``usage`` is always in a non-streaming answer: an engine that leaves it out gets it counted here."""
-    if not isinstance(answer, dict) or answer.get("usage") or route == "embeddings":
+    if not isinstance(answer, dict) or answer.get("usage") or ROUTES[route].prompt is None:
         return
-    if route == "chat/completions":
+    if ROUTES[route].chat:
         prompt = await asyncio.to_thread(engine.tokens.chat, target, request)
         texts = [(c.get("message") or {}).get("content") or "" for c in answer.get("choices") or ()]
     else:

@@ -24,12 +24,13 @@ from collections import Counter
 from typing import Any
 
 from serving.worker.errors import ServingError
+from serving.worker.llm.openai_routes import compared
 from serving.worker.runtime import EndpointRuntime, Target
 from serving.worker.shadow import Copies, ShadowMirror
 
 log = logging.getLogger(__name__)
 
-COMPARED_ROUTES = ("chat/completions", "completions")
+COMPARED_ROUTES = compared()  # the routes whose answers a shadow compares (openai_routes.py)
 
 
 def is_greedy(request: dict[str, Any]) -> bool:

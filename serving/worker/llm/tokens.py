@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from serving.worker.llm.openai_routes import ROUTES
 from serving.worker.runtime import Target
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class PromptCounter:
         tokenizer = self.tokenizer(target)
         if tokenizer is None:
             return None
-        if route == "chat/completions":
+        if ROUTES[route].chat:
             text, special = _rendered(tokenizer, request), False
         else:
             prompt = request.get("prompt")

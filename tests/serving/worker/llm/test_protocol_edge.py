@@ -9,8 +9,9 @@ import pytest
 from serving.testmodels_llm import build_tiny_llama
 from serving.worker.errors import NotFound, PayloadTooLarge, Unavailable
 from serving.worker.frontends.openai import openai_error
-from serving.worker.llm.protocol import checked
-from serving.worker.llm.relay import InvalidRequest, split_model
+from serving.worker.llm.openai_routes import checked
+from serving.worker.llm.protocol import InvalidRequest
+from serving.worker.llm.relay import split_model
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 
@@ -91,3 +92,18 @@ def test_prompt_counts_are_the_tokenizers_own(counter):
     assert count.prompts(target, "the quick brown fox") == [len(tokenizer("the quick brown fox")["input_ids"])]
     assert count.prompts(target, [[1, 2, 3], "a"]) == [3, len(tokenizer("a")["input_ids"])]
     assert count.prompts(target, [5, 6]) == [2]
+
+
+def test_each_route_is_declared_once_and_the_rest_reads_the_declaration() -> None:
+    """The relay's route list, the shadows' and send_request's, and the front end's, all come from
+    serving/worker/llm/openai_routes.py."""
+    from serving.worker.frontends import openai as front
+    from serving.worker.llm import openai_routes, shadow
+    from serving.worker import pipeline
+
+    declared = openai_routes.ROUTES
+    assert tuple(declared) == ("chat/completions", "completions", "embeddings") and front.ROUTES is declared
+    assert shadow.COMPARED_ROUTES == ("chat/completions", "completions")
+    assert pipeline.OPENAI_ROUTES == ("chat/completions", "completions")
+    assert [r.chat for r in declared.values()] == [True, False, False]
+    assert declared["embeddings"].prompt is None, "no context check and no usage to count: nothing generated"
