@@ -22,7 +22,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from registry.errors import NotFound
-from serving.llm.naming import adapter_name, lora_base, target_engine
+from serving.llm.naming import LLM_ENGINES, adapter_name, lora_base, target_engine
 
 TTL_S = 15.0          # three missed heartbeats (serving/readiness_report.py HEARTBEAT_S)
 MAX_SOURCES = 1000    # memory bound: the oldest report goes first
@@ -118,8 +118,8 @@ def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float
 # a report kind whose failures concern an engine's endpoints: (engine, a target's name there, message);
 # the launcher names an engine by version and options (serving/llm/naming.py), as the endpoint's are
 FAILURE_REPORTS = {
-    "triton": ("triton", lambda spec, t: {t.get("triton_name")}, "Triton could not load {model}: {why}"),
-    "llm": ("vllm", lambda spec, t: {target_engine(str(t.get("model")), t.get("version"), t.get("signature"),
+    "triton": (("triton",), lambda spec, t: {t.get("triton_name")}, "Triton could not load {model}: {why}"),
+    "llm": (LLM_ENGINES, lambda spec, t: {target_engine(str(t.get("model")), t.get("version"), t.get("signature"),
                                                    spec.get("engine_options")),
                                      *([adapter_name(str(t.get("model")), t.get("version"))]
                                        if lora_base(t.get("signature")) else [])},
@@ -130,8 +130,8 @@ FAILURE_REPORTS = {
 def _engine_failures(spec: dict, reports: list[tuple[float, ReadinessReport]]) -> list[str]:
     """Failures the embedded Triton or the LLM launcher (serving/llm/launcher.py) report for this endpoint."""
     out = []
-    for kind, (engine, target_name, message) in FAILURE_REPORTS.items():
-        if spec.get("engine", "triton") != engine:
+    for kind, (engines, target_name, message) in FAILURE_REPORTS.items():
+        if spec.get("engine", "triton") not in engines:
             continue
         names = {name for t in spec.get("targets") or [] for name in target_name(spec, t)}
         out += [message.format(model=model, why=why) for _, r in reports if r.kind == kind

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from serving.llm.naming import LLM_ENGINES
 from serving.triton.naming import SAFE_NAME
 
 MAX_VERSION = 2**31 - 1  # model versions are 32-bit integers in the database
@@ -58,8 +59,7 @@ def model_name(value: str, what: str = "model name") -> str:
 EndpointName = Annotated[str, AfterValidator(endpoint_name)]
 ModelName = Annotated[str, AfterValidator(model_name)]
 
-LLM_ENGINES = ("vllm",)  # serving/llm/checks.py checks their engine_options
-# Engines a worker runs, by name (serving/worker/engines/registry.py); custom ones may have no model.
+# Engines a worker runs (the LLM ones listed in serving/llm/naming.py; serving/llm/checks.py checks their engine_options), by name (serving/worker/engines/registry.py); custom ones may have no model.
 ENGINES = ("triton", "onnxruntime", "sklearn", "xgboost", "lightgbm", "custom", "custom_async", *LLM_ENGINES,
            "torchserve",  # a TorchServe archive's handler, in the worker (docs/torchserve.md)
            "torch")  # a PyTorch model with torch in the worker, where its ONNX export does not apply

@@ -12,6 +12,7 @@ from registry.console.charts import line_chart
 from registry.console.stats import Figures
 from registry.console.web import Console, api_path
 from registry.rollout_metrics import quantile
+from serving.llm.naming import LLM_ENGINES
 
 WINDOWS = {"15m": 900.0, "1h": 3600.0}
 CHARTS = [("rate", "Requests", "req/s"), ("p50_ms", "Latency p50", "ms"), ("p99_ms", "Latency p99", "ms"),
@@ -79,7 +80,7 @@ def routes(console: Console) -> APIRouter:
         charts = [line_chart(title, unit, {label: [(p.at, getattr(p, field)) for p in pts]
                                            for label, pts in series.items()}, start, end)
                   for field, title, unit in CHARTS
-                  if not field.startswith(("tokens", "ttft", "itl")) or ep["engine"] == "vllm"]
+                  if not field.startswith(("tokens", "ttft", "itl")) or ep["engine"] in LLM_ENGINES]
         return console.render(request, "endpoint.html", session, ep=ep, versions=versions, rollouts=rollouts,
                               changes=changes, charts=charts, window=window, windows=list(WINDOWS),
                               stats_error=console.stats.error, page="overview")

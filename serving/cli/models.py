@@ -13,6 +13,7 @@ from serving.cli.client import ControlPlane
 from serving.cli.encoder_folder import encoder_options, exported_folder
 from serving.cli.hf_folder import is_llm_folder, upload_folder
 from serving.llm.adapters import is_adapter_folder
+from serving.llm.naming import LLM_ENGINES
 from serving.torchserve.archive import is_archive
 from serving.cli.output import console, show
 from serving.cli.readiness import after_deploy
@@ -295,7 +296,7 @@ def add(
     ep = plane(ctx).post("/endpoints", json=body)
     routes = ", ".join(f"{t['model']}:{t['version']} {t['weight']:g}%" for t in ep["targets"]) or "no model"
     follow = f" (following the newest {max_versions} versions)" if max_versions else ""
-    notes = [] if ep["engine"] == "vllm" else aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config"))
+    notes = [] if ep["engine"] in LLM_ENGINES else aux_notes(body.get("aux_config"), (ep.get("batching") or {}).get("triton_config"))
     for note in notes:
         console.print(f"note: {note}")
     for skip in (ep.get("auto_update") or {}).get("skipped") or ():

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from serving.llm.naming import engine_key, lora_base
+from serving.llm.naming import LLM_ENGINES, engine_key, lora_base
 
 log = logging.getLogger(__name__)
 _QUEUE_LINE = re.compile(rb"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? ([0-9.eE+-]+)", re.M)
@@ -44,7 +44,7 @@ def engine_endpoints(snapshot: dict[str, Any]) -> dict[str, list[str]]:
     endpoints = snapshot.get("endpoints") or {}
     for name in sorted(endpoints):
         ep = endpoints[name]
-        if ep.get("engine") != "vllm" or (ep.get("engine_options") or {}).get("url"):
+        if ep.get("engine") not in LLM_ENGINES or (ep.get("engine_options") or {}).get("url"):
             continue
         for t in ep.get("targets") or []:
             if lora_base(t.get("signature")) is not None:

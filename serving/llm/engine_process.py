@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.llm.adapters import DEFAULT_MAX_LORAS, engine_rank
-from serving.llm.naming import adapter_name, launch_options, lora_base, replica_count, target_engine
+from serving.llm.naming import LLM_ENGINES, adapter_name, launch_options, lora_base, replica_count, target_engine
 from serving.supervisor import _die_with_parent
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script looks up a distribution named vllm
@@ -61,7 +61,7 @@ def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
     for name in sorted(endpoints):
         ep = endpoints[name]
         options = ep.get("engine_options") or {}
-        if ep.get("engine") != "vllm" or options.get("url"):
+        if ep.get("engine") not in LLM_ENGINES or options.get("url"):
             continue
         for t in ep.get("targets") or []:
             base = lora_base(t.get("signature"))

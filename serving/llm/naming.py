@@ -18,6 +18,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+LLM_ENGINES = ("vllm",)  # the engines that serve LLMs (serving/worker/engines/registry.py builds them): named here only
 EXTERNAL = ("url", "served_model_name")  # options of an engine that runs elsewhere: nothing to launch
 SCALING = ("replicas", "routing")          # how many engines and how requests spread: not what one computes
 LORA_SIZING = ("max_lora_rank", "max_loras")  # merged over the endpoints sharing an engine (lora_flags)
