@@ -64,6 +64,8 @@ class AuditMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] in READ_METHODS or scope.get("path") in UNAUDITED:
             return await self.app(scope, receive, send)
+        asked_at = datetime.now(timezone.utc)  # the entry's time: when it was asked (entries are written
+        # after their answers, on a thread each, so two quick requests' writes may land in either order)
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         watch_body = "json" in headers.get("content-type", "")
         request_body, answer_body, status = bytearray(), bytearray(), [0]
@@ -89,7 +91,7 @@ class AuditMiddleware:
                 entry = self._entry(scope, principal.name, status[0], bytes(request_body), bytes(answer_body),
                                     self.prefix)
                 try:
-                    await run_in_threadpool(self._write, entry)
+                    await run_in_threadpool(self._write, entry, asked_at)
                 except Exception:
                     log.exception("audit entry not written: %s", entry)
 
@@ -116,11 +118,11 @@ class AuditMiddleware:
         action = f"{scope['method']} {prefix}{template}"
         return {"actor": actor, "action": action[:64], "target": target[:256], "detail": detail}
 
-    def _write(self, entry: dict) -> None:
+    def _write(self, entry: dict, at: datetime) -> None:
         for attempt in range(20):
             try:
                 with self.sessions() as s:
-                    s.add(AuditEntry(at=datetime.now(timezone.utc), **entry))
+                    s.add(AuditEntry(at=at, **entry))
                     s.commit()
                 return
             except OperationalError:  # SQLite's write lock busy under concurrent changes

@@ -301,7 +301,7 @@ def _token_routes(app: FastAPI, tokens: TokenStore, sessions: sessionmaker) -> N
     @app.get("/audit")
     def audit(limit: int = Query(100, ge=1, le=10_000)):
         with sessions() as s:
-            rows = list(s.scalars(select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)))
+            rows = list(s.scalars(select(AuditEntry).order_by(AuditEntry.at.desc(), AuditEntry.id.desc()).limit(limit)))
         return [{"at": r.at.isoformat(), "actor": r.actor, "action": r.action, "target": r.target,
                  "detail": r.detail} for r in rows]
 
