@@ -2,16 +2,16 @@
 
 Here, below both of their users, so that no import points upward: the registry checks an endpoint's
 option against these names (serving/llm/checks.py), and the worker builds the policy a name refers to
-(serving/worker/llm/routing/, where each policy is a module of its own). The references are strings,
+(serving/worker/llm/replica_policies/, where each policy is a module of its own). The references are strings,
 so naming a policy here imports nothing of the worker. Adding a policy is its module and one entry here.
 """
 from __future__ import annotations
 
 POLICIES: dict[str, str] = {
-    "least-loaded": "serving.worker.llm.routing.least_loaded:LeastLoaded",
-    "session": "serving.worker.llm.routing.session:Session",
-    "prefix": "serving.worker.llm.routing.prefix:Prefix",
-    "round-robin": "serving.worker.llm.routing.round_robin:RoundRobin",
+    "least-loaded": "serving.worker.llm.replica_policies.least_loaded:LeastLoaded",
+    "session": "serving.worker.llm.replica_policies.session:Session",
+    "prefix": "serving.worker.llm.replica_policies.prefix:Prefix",
+    "round-robin": "serving.worker.llm.replica_policies.round_robin:RoundRobin",
 }
 DEFAULT = "least-loaded"
 

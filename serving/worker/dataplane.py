@@ -16,7 +16,7 @@ import numpy as np
 
 from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
-from serving.worker import routing
+from serving.worker import canary_split
 from serving.worker.client_keys import ClientKeys
 from serving.worker.encoder_batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
@@ -99,7 +99,7 @@ class DataPlane:
 
     def route(self, ep: EndpointRuntime, version: int | None, routing_key: str | None) -> Target:
         if version is None:
-            return routing.choose(ep.targets, ep.weights, routing_key)
+            return canary_split.choose(ep.targets, ep.weights, routing_key)
         target = ep.version(version)
         if target is None:
             serving = ", ".join(str(t.version) for t in ep.targets)

@@ -1,7 +1,7 @@
 """Shadow traffic: a copy of a share of an endpoint's requests goes to a candidate version.
 
 A shadow is an endpoint target with ``role == "shadow"``; its ``weight`` is the percent of
-requests copied to it. Routing never picks it for an answer (``routing.choose``). The data
+requests copied to it. Routing never picks it for an answer (``canary_split.choose``). The data
 plane asks :meth:`ShadowMirror.pick` which shadows get a copy before it serves a request, and
 hands the live answer to :meth:`ShadowMirror.fire` once it has it; the copy then runs in the
 background (an asyncio task on the worker's loop) through the same preprocess -> engine ->
@@ -98,7 +98,7 @@ class ShadowMirror:
     def launch(self, copies: Copies, live: Target, run: Callable[[Target], Awaitable[None]]) -> None:
         """``run(target)`` for each chosen shadow as a background task, within the in-flight bound
         (a copy past it is dropped and recorded as dropped); returns at once, never raises.
-        The generation path (llm/shadow.py) brings its own ``run``."""
+        The generation path (llm/shadow_compare.py) brings its own ``run``."""
         try:
             loop = asyncio.get_running_loop()
             for target in copies.targets:

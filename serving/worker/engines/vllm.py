@@ -15,7 +15,7 @@ measured in docs/benchmarks.md). Where a version's engines are (each may have se
   a connection to an engine failed (a restarted engine may come back elsewhere).
 
 Which replica gets a request is the endpoint's routing policy's choice (``routing`` option,
-serving/worker/llm/routing/); should its connection fail before any byte of the answer, the next replica
+serving/worker/llm/replica_policies/); should its connection fail before any byte of the answer, the next replica
 in the policy's order gets it, and the failed one is taken out until its ``/health`` answers.
 
 The request's ``model`` (what the client named: the endpoint, or ``endpoint/version``) is rewritten
@@ -49,7 +49,7 @@ from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, Servin
 from serving.worker.llm.engine_api import StreamEvent
 from serving.worker.llm.external import ExternalReplicas
 from serving.worker.llm.replicas import Member, ReplicaSet
-from serving.worker.llm.routing.base import Replica, RouteHint
+from serving.worker.llm.replica_policies.base import Replica, RouteHint
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Protocol
 
-from serving.worker.llm.routing.base import RouteHint
+from serving.worker.llm.replica_policies.base import RouteHint
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 

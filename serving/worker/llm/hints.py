@@ -1,4 +1,4 @@
-"""What a request tells the routing policies (serving/worker/llm/routing/): its session, and its prompt's
+"""What a request tells the routing policies (serving/worker/llm/replica_policies/): its session, and its prompt's
 leading token blocks, the latter computed only when the endpoint's policy asks for them."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from serving.worker.llm.openai_routes import ROUTES
-from serving.worker.llm.routing.base import RouteHint
-from serving.worker.llm.routing.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
+from serving.worker.llm.replica_policies.base import RouteHint
+from serving.worker.llm.replica_policies.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 

@@ -23,7 +23,7 @@ class OpenAIRoute:
     schema: type[BaseModel]      # the request, checked at the edge (protocol.py)
     prompt: str | None           # the field the model reads: its tokens count against the context and in
     #                              ``usage``; None: no generation (no context check, nothing to count)
-    shadow_compared: bool        # a shadow's answer is compared with the live one (llm/shadow.py)
+    shadow_compared: bool        # a shadow's answer is compared with the live one (llm/shadow_compare.py)
     sendable: bool               # preprocess.py's send_request may call it (serving/worker/pipeline.py)
 
     @property

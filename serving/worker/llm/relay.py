@@ -27,7 +27,7 @@ from serving.worker.llm.engine_api import GenerationStream, LLMEngine
 from serving.worker.llm.hints import route_hint
 from serving.worker.llm.openai_routes import ROUTES
 from serving.worker.llm.protocol import InvalidRequest
-from serving.worker.llm.shadow import LlmShadow, StreamText, choice_texts
+from serving.worker.llm.shadow_compare import LlmShadow, StreamText, choice_texts
 from serving.worker.llm.timing import GenerationTimer
 from serving.worker.runtime import EndpointRuntime, Target
 
@@ -57,7 +57,7 @@ def split_model(model: str) -> tuple[str, int | None]:
 class Generation:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
-        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm/shadow.py)
+        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm/shadow_compare.py)
 
     def is_llm(self, ep: EndpointRuntime) -> bool:
         return getattr(self.dataplane.engines.get(ep.engine), "kind", None) == "llm"

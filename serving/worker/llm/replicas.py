@@ -22,8 +22,8 @@ from typing import Callable, Iterable, NamedTuple
 import aiohttp
 
 from serving.llm.engine_metrics import engine_queue
-from serving.worker.llm import routing
-from serving.worker.llm.routing.base import Policy, Replica, RouteHint
+from serving.worker.llm import replica_policies
+from serving.worker.llm.replica_policies.base import Policy, Replica, RouteHint
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,9 @@ class ReplicaSet:
         candidates = self.candidates(adapter)
         if len(candidates) < 2:
             return candidates
-        name = policy or routing.DEFAULT
+        name = policy or replica_policies.DEFAULT
         if name not in self.policies:
-            self.policies[name] = routing.create(name)
+            self.policies[name] = replica_policies.create(name)
         return self.policies[name].order(candidates, hint)
 
     def take_out(self, replica: Replica, why: Exception) -> None:

@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from serving.statistics.events import parse_event
-from serving.worker import routing
+from serving.worker import canary_split
 from serving.worker.runtime import Target
 from serving.worker.shadow import compare, compare_tensors, mean_abs_diff
 
@@ -52,9 +52,9 @@ def test_choose_never_picks_a_shadow():
     live = Target("m", 1, 10.0, "m_v1", "", (), ())
     shadow = Target("m", 2, 100.0, "m_v2", "", (), (), role="shadow")
     rng = random.Random(3)
-    assert {routing.choose([shadow, live], [100.0, 10.0], rand=rng.random) for _ in range(500)} == {live}
-    assert routing.choose([shadow, live], [0.0, 0.0]) is live  # no weight at all: still a live one
-    assert {routing.choose([shadow, live], [100.0, 10.0], key=f"u{i}") for i in range(200)} == {live}
+    assert {canary_split.choose([shadow, live], [100.0, 10.0], rand=rng.random) for _ in range(500)} == {live}
+    assert canary_split.choose([shadow, live], [0.0, 0.0]) is live  # no weight at all: still a live one
+    assert {canary_split.choose([shadow, live], [100.0, 10.0], key=f"u{i}") for i in range(200)} == {live}
 
 
 def test_compare_answers():

@@ -6,7 +6,7 @@ import pytest
 
 from serving.testmodels_llm import train_tokenizer
 from serving.worker.llm.hints import route_hint
-from serving.worker.llm.routing.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
+from serving.worker.llm.replica_policies.prefix import BLOCK_TOKENS, PREFIX_BLOCKS, prefix_key
 from serving.worker.llm.tokens import PromptCounter
 from serving.worker.runtime import Target
 

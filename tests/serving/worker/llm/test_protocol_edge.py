@@ -98,7 +98,7 @@ def test_each_route_is_declared_once_and_the_rest_reads_the_declaration() -> Non
     """The relay's route list, the shadows' and send_request's, and the front end's, all come from
     serving/worker/llm/openai_routes.py."""
     from serving.worker.frontends import openai as front
-    from serving.worker.llm import openai_routes, shadow
+    from serving.worker.llm import openai_routes, shadow_compare as shadow
     from serving.worker import pipeline
 
     declared = openai_routes.ROUTES

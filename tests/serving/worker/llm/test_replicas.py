@@ -20,7 +20,7 @@ from serving.worker.errors import Unavailable
 from serving.worker.llm import replicas as replicas_module
 from serving.worker.llm.external import ExternalReplicas
 from serving.worker.llm.replicas import engine_queue
-from serving.worker.llm.routing.base import RouteHint
+from serving.worker.llm.replica_policies.base import RouteHint
 from serving.worker.runtime import Target
 
 SERVED = "llama:1"

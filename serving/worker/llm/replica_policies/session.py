@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from serving.worker.llm.routing.base import Replica, RouteHint, Rotation, by_load
-from serving.worker.llm.routing.hashing import rendezvous
+from serving.worker.llm.replica_policies.base import Replica, RouteHint, Rotation, by_load
+from serving.worker.llm.replica_policies.hashing import rendezvous
 
 
 class Session:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from serving.worker.llm.routing.base import Replica, RouteHint, Rotation, by_load
+from serving.worker.llm.replica_policies.base import Replica, RouteHint, Rotation, by_load
 
 
 class LeastLoaded:

@@ -6,7 +6,7 @@ from collections import Counter
 
 from scipy.stats import binomtest
 
-from serving.worker.routing import choose
+from serving.worker.canary_split import choose
 
 
 def test_shares_follow_weights():

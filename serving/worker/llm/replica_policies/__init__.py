@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 
 from serving.llm.routing_policies import DEFAULT, POLICIES, names  # noqa: F401 (the names, below the registry)
-from serving.worker.llm.routing.base import Policy
+from serving.worker.llm.replica_policies.base import Policy
 
 
 def create(name: str | None) -> Policy:

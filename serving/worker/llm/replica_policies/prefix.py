@@ -23,9 +23,9 @@ from __future__ import annotations
 import hashlib
 from typing import Sequence
 
-from serving.worker.llm.routing.base import Replica, RouteHint, Rotation, by_load
-from serving.worker.llm.routing.hashing import rendezvous, within
-from serving.worker.llm.routing.key_homes import KeyHomes
+from serving.worker.llm.replica_policies.base import Replica, RouteHint, Rotation, by_load
+from serving.worker.llm.replica_policies.hashing import rendezvous, within
+from serving.worker.llm.replica_policies.key_homes import KeyHomes
 
 BLOCK_TOKENS = 16    # vLLM's default KV cache block: its prefix cache matches whole blocks
 PREFIX_BLOCKS = 8    # 128 tokens: a system prompt or a conversation's first turn, not the user's last words

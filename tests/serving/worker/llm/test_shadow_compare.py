@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from serving.statistics.events import parse_event
-from serving.worker.llm.shadow import LlmShadow, StreamText, agreement, choice_texts, is_greedy, token_f1
+from serving.worker.llm.shadow_compare import LlmShadow, StreamText, agreement, choice_texts, is_greedy, token_f1
 from serving.worker.runtime import Target
 from serving.worker.shadow import ShadowMirror
 

@@ -22,8 +22,8 @@ import time
 from collections import Counter, OrderedDict
 from typing import Callable, Sequence
 
-from serving.worker.llm.routing.base import Replica
-from serving.worker.llm.routing.hashing import rendezvous, within
+from serving.worker.llm.replica_policies.base import Replica
+from serving.worker.llm.replica_policies.hashing import rendezvous, within
 
 KEY_BALANCE = 1.1   # a replica may home 10% more live keys than the average before new keys go elsewhere
 LIVE_S = 30.0       # a key unseen this long stops counting toward its replica's keys

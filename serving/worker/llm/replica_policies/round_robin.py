@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from serving.worker.llm.routing.base import Replica, RouteHint, Rotation
+from serving.worker.llm.replica_policies.base import Replica, RouteHint, Rotation
 
 
 class RoundRobin:

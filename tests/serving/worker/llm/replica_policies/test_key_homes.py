@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from serving.worker.llm import routing
-from serving.worker.llm.routing.base import Replica, RouteHint
-from serving.worker.llm.routing.hashing import rendezvous
-from serving.worker.llm.routing.key_homes import KEY_BALANCE, KeyHomes
+from serving.worker.llm import replica_policies as routing
+from serving.worker.llm.replica_policies.base import Replica, RouteHint
+from serving.worker.llm.replica_policies.hashing import rendezvous
+from serving.worker.llm.replica_policies.key_homes import KEY_BALANCE, KeyHomes
 
 
 def replicas(n: int) -> list[Replica]:

@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 
-from serving.worker.llm import routing
-from serving.worker.llm.routing.base import Replica, RouteHint
-from serving.worker.llm.routing.hashing import BALANCE, capacity, rendezvous
-from serving.worker.llm.routing.prefix import BLOCK_TOKENS, HEADROOM, PREFIX_BLOCKS, prefix_key
+from serving.worker.llm import replica_policies as routing
+from serving.worker.llm.replica_policies.base import Replica, RouteHint
+from serving.worker.llm.replica_policies.hashing import BALANCE, capacity, rendezvous
+from serving.worker.llm.replica_policies.prefix import BLOCK_TOKENS, HEADROOM, PREFIX_BLOCKS, prefix_key
 
 
 def replicas(n: int) -> list[Replica]:

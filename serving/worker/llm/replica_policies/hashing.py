@@ -19,7 +19,7 @@ import hashlib
 import math
 from typing import Callable, Sequence
 
-from serving.worker.llm.routing.base import Replica
+from serving.worker.llm.replica_policies.base import Replica
 
 BALANCE = 1.25  # c: a replica may carry 25% above the average before keys spill to their next choice
 
