@@ -18,7 +18,7 @@ the archives are). Per workload, in one run:
 
 Load: closed loop, ``clients`` connections each sending the next request when its answer arrives,
 every body a whole file sent raw as ``curl -T`` sends it (PUT, no content type) to
-``/predictions/{name}``, by wrk (benchmarks/wrk/raw_files.lua); ``--requests N`` instead sends N
+``/predictions/{name}``, by wrk (benchmarks/wrk/closed_loop.lua, its WRK_FILES mode); ``--requests N`` instead sends N
 requests a level from Python threads (the smoke test). Per level: requests/s, p50/p99, and the CPU
 time of each system's processes per request, by part (frontend, backend workers, handler
 processes, ...), and the CPU the rest of the machine used meanwhile (``foreign``: other engineers'

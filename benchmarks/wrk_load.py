@@ -24,7 +24,6 @@ from benchmarks.corpus import read_corpus
 from benchmarks.payloads import encode_all
 
 SCRIPT = Path(__file__).resolve().parent / "wrk" / "closed_loop.lua"
-FILES_SCRIPT = Path(__file__).resolve().parent / "wrk" / "raw_files.lua"
 MARK = "WRK_RESULT "
 
 
@@ -33,10 +32,10 @@ def available() -> bool:
 
 
 def _wrk(url: str, bodies: Path, concurrency: int, seconds: float, timeout_s: float,
-         headers: dict[str, str] | None = None, script: Path = SCRIPT, env: dict[str, str] | None = None) -> dict:
+         headers: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict:
     args = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, math.ceil(seconds))}s", f"--timeout={int(timeout_s)}s",
             *(a for name, value in (headers or {}).items() for a in ("-H", f"{name}: {value}")),
-            "-s", str(script), url]
+            "-s", str(SCRIPT), url]
     out = subprocess.run(args, capture_output=True, text=True,
                          env={**os.environ, "WRK_BODIES": str(bodies), **(env or {})},
                          timeout=seconds + timeout_s + 30)
@@ -85,13 +84,13 @@ def _level(concurrency: int, data: dict, warm: dict | None, cpu: float) -> dict:
 def run_files(url: str, files: list[Path], concurrency: int, duration_s: float, timeout_s: float = 60.0,
               method: str = "PUT") -> dict:
     """One closed-loop run whose bodies are whole files sent raw, as ``curl -T FILE`` sends them (PUT, no
-    Content-Type; ``wrk/raw_files.lua``); no warm-up: the caller runs one first, so that it can measure
+    Content-Type; ``WRK_FILES`` in ``wrk/closed_loop.lua``); no warm-up: the caller runs one first, so that it can measure
     the servers' CPU around this run alone. A LevelResult as a dict."""
     with tempfile.NamedTemporaryFile("w", suffix=".files", delete=False) as f:
         f.write("".join(f"{path.resolve()}\n" for path in files))
     try:
         cpu0 = _children_cpu()
-        data = _wrk(url, Path(f.name), concurrency, duration_s, timeout_s, script=FILES_SCRIPT,
+        data = _wrk(url, Path(f.name), concurrency, duration_s, timeout_s,
                     env={"WRK_FILES": f.name, "WRK_METHOD": method})
         cpu = _children_cpu() - cpu0
     finally:

@@ -1,13 +1,25 @@
--- wrk script for benchmarks.wrk_load: POST the corpus bodies in turn, print one JSON line at the end.
--- Bodies come one per line from the file named by WRK_BODIES (JSON never holds a raw newline).
+-- wrk script for benchmarks.wrk_load: send the bodies in turn, print one JSON line at the end.
+-- Two kinds of body. WRK_BODIES names a file of JSON bodies, one a line (JSON never holds a raw
+-- newline), POSTed as application/json. WRK_FILES (run_files) names a file of paths, one a line: each
+-- file is a whole body, read once and sent as is with no Content-Type, as `curl -T FILE URL` sends it
+-- (PUT unless WRK_METHOD says otherwise).
 local bodies = {}
-for line in io.lines(os.getenv("WRK_BODIES")) do
-  bodies[#bodies + 1] = line
+local files = os.getenv("WRK_FILES")
+if files then
+  for path in io.lines(files) do
+    local f = assert(io.open(path, "rb"))
+    bodies[#bodies + 1] = f:read("*a")
+    f:close()
+  end
+  wrk.method = os.getenv("WRK_METHOD") or "PUT"
+else
+  for line in io.lines(os.getenv("WRK_BODIES")) do
+    bodies[#bodies + 1] = line
+  end
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
 end
 local next_body = 0
-
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
 
 function request()
   next_body = next_body % #bodies + 1
