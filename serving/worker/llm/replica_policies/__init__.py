@@ -3,8 +3,9 @@
 Each policy is a module of its own with a class taking no arguments; adding one is a module and a line
 in serving/llm/routing_policies.py's ``POLICIES`` (where the registry reads the names too). Every worker
 process decides alone from what it sees (its own requests in flight, the engines' own queue gauges,
-hashes of the request): there is no router process in between, and workers agree wherever a policy is a pure function of the request (``session``), or places the keys
-they are fed alike (``prefix``: routing/key_homes.py).
+hashes of the request): there is no router process in between, and workers agree wherever a policy is a
+pure function of the request (``session``), or places the keys they are fed alike (``prefix``:
+replica_policies/key_homes.py).
 docs/llm-routing.md says what each does and when to pick it.
 """
 from __future__ import annotations
