@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tests.support.postgres import create_database, postgres_server
 
 _db_counter = itertools.count()
 _SHM_BASE = pytest.StashKey[leftovers.Baseline]()
+_SHM_FOUND = pytest.StashKey[list[str]]()
 
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
@@ -55,7 +57,10 @@ def no_leftovers(request):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The CPU log (tests/support/cputime.py) in each process that runs tests, not in xdist's controller."""
+    """The CPU log (tests/support/cputime.py) in each process that runs tests, not in xdist's controller;
+    the log of which test saw each shared-memory segment appear, started before any worker is."""
+    if not _xdist_worker(config):
+        leftovers.start_shm_log(Path(tempfile.mkdtemp(prefix="serving-test-shm-")))
     if not _xdist_controller(config):
         from tests.support import cputime
 
@@ -67,6 +72,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         session.config.stash[_SHM_BASE] = leftovers.start_session()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    before = leftovers.shm_names()
+    yield
+    leftovers.log_appeared(before, item.nodeid)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Shared memory the whole run left, checked once every xdist worker has ended."""
@@ -75,12 +87,25 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     found = leftovers.collect_shm(base)
     if found:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        reporter.write_line("")
-        reporter.write_sep("=", "the test run left these behind (now removed)", red=True)
-        for line in found:
-            reporter.write_line(line)
+        session.config.stash[_SHM_FOUND] = found
+        _report_shm(session.config, found)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Said again after the summary line, where a CI log's tail shows it: a run whose every test
+    passed fails on it, and the reason should not scroll away above the durations."""
+    found = config.stash.get(_SHM_FOUND, None)
+    if found:
+        _report_shm(config, found)
+
+
+def _report_shm(config: pytest.Config, found: list[str]) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reporter.write_line("")
+    reporter.write_sep("=", "the test run left these behind (now removed)", red=True)
+    for line in found:
+        reporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,10 @@ does not become the next one's.
 
 Under pytest-xdist (``make test``) each worker checks its own processes and monitors; shared memory
 has no owner to tell whose it is, so the controller checks it once every worker has ended. A worker
-checking it would count, and remove, a segment another worker's PostgreSQL had just made.
+checking it would count, and remove, a segment another worker's PostgreSQL had just made. So that a
+leftover segment still names its test, every test process logs the segments that appeared while each
+test ran (``SHM_LOG``); the report names the tests that were running when a leftover appeared (under
+xdist, any of the workers' tests running then).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from pathlib import Path
 import psutil
 
 MARKER = "SERVING_TEST_SESSION"
+SHM_LOG = "SERVING_TEST_SHM_LOG"  # the file where each test process logs which test saw a segment appear
 SHM = Path("/dev/shm")
 GRACE_S = 10.0
 # Segments that are no test's to clean up: podman's lock table, made by the first podman call after boot
@@ -47,10 +51,10 @@ class Baseline:
 def start_session() -> Baseline:
     marker = uuid.uuid4().hex
     os.environ[MARKER] = marker
-    return Baseline(marker=marker, started=time.time(), shm=_shm_names(), conmon=set(_conmons()))
+    return Baseline(marker=marker, started=time.time(), shm=shm_names(), conmon=set(_conmons()))
 
 
-def _shm_names() -> set[str]:
+def shm_names() -> set[str]:
     return {p.name for p in SHM.iterdir()} if SHM.is_dir() else set()
 
 
@@ -149,10 +153,33 @@ def collect(base: Baseline) -> list[str]:
     return found
 
 
+def start_shm_log(directory: Path) -> None:
+    """Every test process started after this (xdist's workers too) logs new segments to one file."""
+    os.environ[SHM_LOG] = str(directory / "shm-appeared.tsv")
+
+
+def log_appeared(before: set[str], test: str) -> None:
+    """Log the segments that appeared since ``before``, beside the test that was running."""
+    log = os.environ.get(SHM_LOG)
+    appeared = shm_names() - before
+    if log and appeared:
+        with open(log, "a") as out:
+            out.writelines(f"{name}\t{test}\n" for name in sorted(appeared))
+
+
+def _suspects(name: str) -> list[str]:
+    log = os.environ.get(SHM_LOG)
+    if not log or not Path(log).exists():
+        return []
+    rows = (line.rstrip("\n").split("\t", 1) for line in Path(log).read_text().splitlines())
+    return sorted({row[1] for row in rows if len(row) == 2 and row[0] == name})
+
+
 def collect_shm(base: Baseline) -> list[str]:
-    """Name and remove the shared-memory segments made since ``base`` that no live process maps."""
+    """Name and remove the shared-memory segments made since ``base`` that no live process maps, with
+    the tests that were running when each appeared."""
     found: list[str] = []
-    new_shm = _shm_names() - base.shm - HOST_SEGMENTS
+    new_shm = shm_names() - base.shm - HOST_SEGMENTS
     if new_shm:
         mapped = _mapped_shm()
         for name in sorted(new_shm - mapped):
@@ -164,5 +191,7 @@ def collect_shm(base: Baseline) -> list[str]:
                 path.unlink()
             except OSError:
                 continue
-            found.append(f"shared memory left in /dev/shm: {name}")
+            suspects = _suspects(name)
+            found.append(f"shared memory left in /dev/shm: {name}"
+                         + (f" (appeared while these ran: {', '.join(suspects)})" if suspects else ""))
     return found
