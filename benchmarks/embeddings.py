@@ -97,7 +97,7 @@ def corpus(size: int, path: Path) -> list[str]:
 
 def onnx_file() -> Path:
     """The folder exported once by the platform's own exporter, for the ceiling."""
-    from serving.encoder_export import export
+    from serving.embeddings.export import export
 
     out = CACHE_DIR / "model.onnx"
     if not out.exists():

@@ -44,7 +44,7 @@ from rich.table import Table
 
 from benchmarks.procs import REPO, child_env, free_port, stop, wait_http
 from serving.settings import LLMSettings
-from serving.worker.engines.sse import DONE, read_events
+from serving.llm.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 VLLM_PYTHON = Path(os.environ.get("SERVING_VLLM_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")

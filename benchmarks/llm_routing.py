@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.llm_stack import LLMStack, corpus_words, save
-from serving.worker.engines.sse import DONE, read_events
+from serving.llm.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 POLICIES = {"round-robin": "rr", "least-loaded": "ll", "prefix": "pfx", "session": "sess"}

@@ -12,7 +12,7 @@ OpenAI's ``/embeddings``, TEI's routes) gets routing, keys, statistics and shado
 - rerank: ``{"query": str, "texts": [str, ...]}``, optional ``raw_scores`` (the logit, not its sigmoid).
 
 The model's output is pooled per engine call (:meth:`EncoderProcessor.reduce`, which the data plane
-calls on each batch its token batcher forms: serving/worker/token_batcher.py), so a batch's
+calls on each batch its token batcher forms: serving/embeddings/token_batcher.py), so a batch's
 positions never travel further than the pooling; ``postprocess`` normalizes, truncates and answers
 numpy arrays the front ends write in their own formats.
 """
@@ -218,7 +218,7 @@ class EncoderProcessor:
 
     def reduce(self, outputs: dict[str, np.ndarray], lengths: np.ndarray) -> dict[str, np.ndarray]:
         """Each row's vector (pooled over its real positions) or score: what one engine call gave,
-        row by row, so that rows of many requests may share a call (serving/worker/token_batcher.py)."""
+        row by row, so that rows of many requests may share a call (serving/embeddings/token_batcher.py)."""
         if self.task == RERANK:
             logits = self._output(outputs, ("logits",))
             logits = logits.reshape(logits.shape[0], -1)

@@ -128,7 +128,7 @@ FAILURE_REPORTS = {
 
 
 def _engine_failures(spec: dict, reports: list[tuple[float, ReadinessReport]]) -> list[str]:
-    """Failures the embedded Triton or the LLM launcher (serving/llm/launcher.py) report for this endpoint."""
+    """Failures the embedded Triton or the LLM launcher (serving/llm/launch/launcher.py) report for this endpoint."""
     out = []
     for kind, (engines, target_name, message) in FAILURE_REPORTS.items():
         if spec.get("engine", "triton") not in engines:

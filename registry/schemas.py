@@ -67,7 +67,7 @@ MODEL_LESS_ENGINES = ("custom", "custom_async")
 FRAMEWORKS = ("onnx", "sklearn", "xgboost", "lightgbm", "pytorch", "tensorflow", "keras", "custom",
               "tensorrt", "torchscript", "savedmodel", "openvino", "python",  # these five: Triton formats
               "hf-causal-lm",  # a Hugging Face causal LM folder (engine vllm)
-              "hf-lora",  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters.py)
+              "hf-lora",  # a PEFT LoRA adapter folder, served in its base's engine (serving/llm/adapters/peft.py)
               "torchserve",  # a TorchServe model archive (.mar, torch-model-archiver), engine torchserve
               "torch-export", "pytorch-state-dict")  # with torchscript: engine torch (serving/pytorch/kinds.py)
 Engine = Literal[ENGINES]

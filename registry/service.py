@@ -139,9 +139,9 @@ class Registry:
         return self._write(create, f"adding a version of model {req.name}")
 
     def _adapter_signature(self, path, base: str | None) -> dict:
-        """A LoRA adapter's facts, checked against its base version's weights (serving/llm/adapters.py);
+        """A LoRA adapter's facts, checked against its base version's weights (serving/llm/adapters/peft.py);
         its base's ``llm`` facts are kept too (context, chat template: what the worker checks a request with)."""
-        from serving.llm.adapters import AdapterError, adapter_signature, base_weights, read_adapter
+        from serving.llm.adapters.peft import AdapterError, adapter_signature, base_weights, read_adapter
 
         if not base:
             raise BadRequest("a LoRA adapter needs its base: --base NAME:VERSION (the version it was trained on)")

@@ -87,12 +87,26 @@ def test_the_check_sees_a_circle_hidden_in_a_function(tmp_path):
     assert circle(import_graph(tmp_path, ("planted",))) is None
 
 
-# the control plane's side never imports the workers': the registry and the engine launcher are below them
-LOWER = ("registry", "serving.llm")
+# The control plane's side never imports the workers': the registry and the LLM package's control-plane
+# parts (the engine launcher, adapters' checks, names) are below them.
+LOWER = ("registry", "serving.llm.launch", "serving.llm.adapters", "serving.llm.checks", "serving.llm.naming",
+         "serving.llm.folder", "serving.llm.routing.names")
+# The LLM and embeddings packages' worker parts use the worker's core (errors, runtime, the data plane, and
+# the front ends' shared toolkit, frontends/body.py) but never the app that assembles them, nor another
+# protocol's front end.
+WORKER_TOP = ("serving.worker.app", "serving.worker.main", "serving.worker.frontends")
+FRONT_END_TOOLKIT = "serving.worker.frontends.body"
 
 
 def test_no_import_points_up_from_the_registry_or_the_launcher_into_the_worker():
     graph = import_graph()
     upward = {m: sorted(d for d in deps if d.startswith("serving.worker"))
               for m, deps in graph.items() if m.startswith(LOWER)}
+    assert {m: d for m, d in upward.items() if d} == {}
+
+
+def test_the_llm_and_embeddings_packages_never_import_the_workers_app_or_front_ends():
+    graph = import_graph()
+    upward = {m: sorted(d for d in deps if d.startswith(WORKER_TOP) and d != FRONT_END_TOOLKIT)
+              for m, deps in graph.items() if m.startswith(("serving.llm", "serving.embeddings"))}
     assert {m: d for m, d in upward.items() if d} == {}

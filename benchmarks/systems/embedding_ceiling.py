@@ -7,7 +7,7 @@ a server's sentences/s over it is the share it keeps. Run as a child process:
 Batches are taken two ways: consecutive sentences of the corpus (padded to their longest), and the
 corpus sorted by length first, so a batch holds sentences of about one length and computes almost no
 padding. The second is what a server that groups waiting sentences by length can reach (the
-platform's token batcher does: serving/worker/token_batcher.py); a ceiling without it is one such a
+platform's token batcher does: serving/embeddings/token_batcher.py); a ceiling without it is one such a
 server beats, as the first recorded runs showed (1.3x "the ceiling" at 32 clients).
 """
 from __future__ import annotations

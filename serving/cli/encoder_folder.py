@@ -1,5 +1,5 @@
 """The CLI's side of encoder endpoints (docs/embeddings.md): a sentence-transformers folder uploaded as
-it is (exported to ONNX here: serving/encoder_export.py), and an endpoint's encoder options from the
+it is (exported to ONNX here: serving/embeddings/export.py), and an endpoint's encoder options from the
 folder given as ``--tokenizer`` and the flags ``--task``, ``--pooling``, ``--normalize``."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def exported_folder(path: Path, framework: Optional[str]) -> Path | None:
     spec = _spec(path)
     if spec is None or pytorch_kind(path) is None:
         return None
-    from serving.encoder_export import ExportError, export
+    from serving.embeddings.export import ExportError, export
 
     out = Path(tempfile.mkdtemp(prefix="serving-export-")) / "model.onnx"
     try:

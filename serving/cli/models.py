@@ -12,7 +12,7 @@ from serving.cli.clearml_flags import aux_notes, aux_pairs, endpoint_of, framewo
 from serving.cli.client import ControlPlane
 from serving.cli.encoder_folder import encoder_options, exported_folder
 from serving.cli.hf_folder import is_llm_folder, upload_folder
-from serving.llm.adapters import is_adapter_folder
+from serving.llm.adapters.peft import is_adapter_folder
 from serving.llm.naming import LLM_ENGINES
 from serving.torchserve.archive import is_archive
 from serving.cli.output import console, show

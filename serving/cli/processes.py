@@ -65,7 +65,7 @@ def triton_sidecar() -> None:
 
 def llm() -> None:
     """Run the LLM launcher: one vLLM OpenAI server per model version deployed with --engine vllm (supervised)."""
-    from serving.llm.main import run_launcher
+    from serving.llm.launch.main import run_launcher
 
     run_launcher(LLMSettings())
 

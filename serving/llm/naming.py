@@ -18,7 +18,10 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-LLM_ENGINES = ("vllm",)  # the engines that serve LLMs (serving/worker/engines/registry.py builds them): named here only
+# The engines that serve LLMs, each name with its module's factory: listed here only (the registry's engine
+# names and the worker's engine registry both read it). A new one is its module in serving/llm/engines/ and a line.
+LLM_ENGINE_FACTORIES: dict[str, str] = {"vllm": "serving.llm.engines.vllm:create"}
+LLM_ENGINES = tuple(LLM_ENGINE_FACTORIES)
 EXTERNAL = ("url", "served_model_name")  # options of an engine that runs elsewhere: nothing to launch
 SCALING = ("replicas", "routing")          # how many engines and how requests spread: not what one computes
 LORA_SIZING = ("max_lora_rank", "max_loras")  # merged over the endpoints sharing an engine (lora_flags)

@@ -10,7 +10,7 @@ onnxruntime), and where it cannot, the version keeps its PyTorch file and is ser
 ``torch`` engine (serving/worker/engines/torch.py). ``choose.py`` makes that choice and says why.
 
 Where the export runs: on the client, in ``serving model upload`` (serving/cli/pytorch_upload.py),
-as serving/encoder_export.py does for sentence-transformers folders, not in the control plane.
+as serving/embeddings/export.py does for sentence-transformers folders, not in the control plane.
 Why: a state dict comes with the user's own Python file, and exporting means importing and running
 it; on the client that is the user's own code on the user's machine, while in the control plane it
 would be arbitrary code in the process holding the registry's database and tokens. The control plane

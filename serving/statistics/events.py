@@ -33,7 +33,7 @@ fails on (``retired``). Such an event counts in the model-load series only, neve
     {"ts": 1718000000.1, "endpoint": "sentiment", "version": 2,
      "model_state": {"state": "failed", "model": "clf", "engine": "onnxruntime", "reason": "model"}}
 
-A generation request to an LLM endpoint (serving/worker/llm/relay.py) carries its timings and token
+A generation request to an LLM endpoint (serving/llm/relay/generation.py) carries its timings and token
 counts in ``llm`` (docs/llm-statistics.md; ``ttft_s`` is None for a non-streaming request)::
 
     {"endpoint": "chat", "version": 1, "status": 200, "latency_s": 0.41, ...,
@@ -51,7 +51,7 @@ from typing import Any
 
 import orjson
 
-from serving.statistics.embedding_events import EmbeddingCounts, parse_embedding
+from serving.embeddings.events import EmbeddingCounts, parse_embedding
 from serving.statistics.llm_events import LlmTiming, parse_llm
 from serving.statistics.torchserve_events import TorchServeTiming, parse_torchserve
 

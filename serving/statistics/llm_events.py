@@ -1,4 +1,4 @@
-"""The ``llm`` object of a generation request's event (serving/worker/llm/timing.py), parsed leniently:
+"""The ``llm`` object of a generation request's event (serving/llm/relay/timing.py), parsed leniently:
 a bad field is dropped, never the request's event (its request counts and latency still count)."""
 from __future__ import annotations
 

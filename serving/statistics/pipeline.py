@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serving.statistics.definitions import EndpointDefs, VariableDef, parse_snapshot
 from serving.statistics.drift import DriftConfig, DriftMonitor, SeriesKey
-from serving.statistics.embedding_metrics import EmbeddingMetrics
+from serving.embeddings.metrics import EmbeddingMetrics
 from serving.statistics.events import Batch, EventError, StatisticsEvent, decode_batch, parse_event
 from serving.statistics.exporter import DriftCollector
 from serving.statistics.key_metrics import KeyMetrics

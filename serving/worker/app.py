@@ -26,11 +26,11 @@ from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError, UnknownEndpoint
 from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
-from serving.worker.frontends.openai import openai_router
-from serving.worker.frontends.tei import tei_router
+from serving.llm.openai.frontend import openai_router
+from serving.embeddings.tei import tei_router
 from serving.worker.frontends.torchserve import torchserve_router
 from serving.worker.frontends.v2 import v2_router
-from serving.worker.llm.relay import Generation
+from serving.llm.relay.generation import Generation
 from serving.worker.pipeline import RequestSender
 from serving.worker.stats_exchange import StatsExchange, group
 

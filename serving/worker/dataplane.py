@@ -9,7 +9,8 @@ carry their HTTP status, so every protocol reports them the same way.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -18,10 +19,10 @@ from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
 from serving.worker import canary_split
 from serving.worker.client_keys import ClientKeys
-from serving.worker.encoder_batching import EncoderBatching, encoder_of
+from serving.embeddings.batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
-from serving.worker.errors import (BadRequest, ModelNotReady, NotFound, ServingError, UnknownEndpoint, Unavailable,
-                                   Unprocessable, user_code_error)
+from serving.worker.errors import BadRequest, ModelNotReady, NotFound, UnknownEndpoint, Unavailable, Unprocessable
+from serving.worker.lifecycle import RequestLife, RequestStats, request_life
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
 from serving.worker.version_stats import VersionStatistics
@@ -42,35 +43,6 @@ class Recorder(Protocol):
 class Answer:
     target: Target
     body: Any
-
-
-@dataclass
-class _Stats:
-    """Timings and custom variables of one request, filled in as it goes."""
-
-    endpoint: str
-    t0: float = field(default_factory=time.perf_counter)
-    version: int | None = None
-    client: str | None = None  # the client key's name (never the key), when keys are required
-    stages: dict[str, float] = field(default_factory=dict)
-    custom: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # more event fields (an LLM request's usage, ttft_s)
-    _mark: float = 0.0
-
-    def __post_init__(self) -> None:
-        self._mark = self.t0
-
-    def stage(self, name: str) -> None:
-        now = time.perf_counter()
-        self.stages[name] = now - self._mark
-        self._mark = now
-
-    def collect(self, values: dict) -> None:
-        if isinstance(values, dict):
-            self.custom.update(values)
-
-
-RequestStats = _Stats  # for the request paths composed with the data plane (llm/relay.py)
 
 
 class DataPlane:
@@ -124,10 +96,8 @@ class DataPlane:
                              f"chat/completions or /completions, model {name!r} (docs/llm.md)")
         target = self.route(ep, version, routing_key)
         copies = self.shadow.pick(ep, body) if version is None else None
-        stats = _Stats(ep.name, version=target.version, client=client)
-        status = 500
-        state: dict[str, Any] = {}
-        try:
+        with self.life(ep.name, target.version, client) as life:
+            stats, state = life.stats, life.state
             led: list[int] = []  # sizes of the token batches this request headed (encoder endpoints)
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
@@ -148,20 +118,9 @@ class DataPlane:
                 stats.stage("inference")
                 answer = await processor.postprocess(data, state, stats.collect)
                 stats.stage("postprocess")
-            status = 200
-            self._account(stats, processor, state, led)
+            self._account(life, processor, led)
             self.shadow.fire(copies, target, answer)
             return Answer(target, answer)
-        except PreprocessError as exc:  # preprocess.py's deadline or refusal
-            error = user_code_error(exc)
-            status = error.status
-            raise error from None
-        except ServingError as exc:
-            status = exc.status
-            raise
-        finally:
-            stats.extra.update(state.get("event") or {})  # an engine's own fields (torchserve: its batch)
-            self._record(stats, status)
 
     async def infer_tensors(self, name: str, inputs: dict[str, np.ndarray], version: int | None = None,
                             routing_key: str | None = None, client: str | None = None
@@ -172,26 +131,22 @@ class DataPlane:
         if self.engines[ep.engine].kind != "tensors":
             raise BadRequest(f"endpoint {name!r} runs the {ep.engine} engine on its preprocess output, not on "
                              f"tensors; send it JSON on /serve/{name}")
-        stats = _Stats(ep.name, version=target.version, client=client)
-        status = 500
-        try:
+        with self.life(ep.name, target.version, client) as life:
             try:
                 target, outputs = await self._run(ep, target, inputs, pinned=version is not None)
             except InputOutOfRange as exc:  # well-formed, past the model's limits
                 raise Unprocessable(str(exc)) from None
             except PreprocessError as exc:  # tensors that do not match the signature
                 raise BadRequest(str(exc)) from None
-            stats.version = target.version
-            stats.stage("inference")
-            status = 200
+            life.stats.version = target.version
+            life.stats.stage("inference")
             if version is None:
                 self.shadow.fire(self.shadow.pick(ep, inputs, tensors=True), target, outputs)
             return target, outputs
-        except ServingError as exc:
-            status = exc.status
-            raise
-        finally:
-            self._record(stats, status)
+
+    def life(self, endpoint: str, version: int | None, client: str | None) -> AbstractContextManager[RequestLife]:
+        """A request's life on this data plane (lifecycle.py): every path runs in one, the LLM's too."""
+        return request_life(RequestStats(endpoint, version=version, client=client), self._record, self.keys.charge)
 
     async def _run(self, ep: EndpointRuntime, target: Target, data: Any, pinned: bool,
                    pad: Mapping[str, int] | None = None, encoder: Any = None,
@@ -199,7 +154,7 @@ class DataPlane:
         """Run the routed version; while a freshly added canary is still loading, its share goes
         to the stable version instead of failing (a pinned ``/serve/E/V`` request still fails).
         ``encoder``: an encoder endpoint's processor, whose rows go through its token batcher and
-        come back pooled (preprocess/encoder.py, serving/worker/token_batcher.py)."""
+        come back pooled (preprocess/encoder.py, serving/embeddings/token_batcher.py)."""
         try:
             return target, await self._call(ep, target, data, pad, encoder, led)
         except ModelNotReady:
@@ -217,25 +172,21 @@ class DataPlane:
         lengths = np.asarray(data["attention_mask"]).sum(axis=1)
         return await self.encoders.run(ep.name, engine, target, inputs, lengths, pad or {}, encoder, led)
 
-    def _account(self, stats: _Stats, processor: Any, state: dict[str, Any], led: list[int]) -> None:
+    def _account(self, life: RequestLife, processor: Any, led: list[int]) -> None:
         """An encoder's request: its ``embedding`` counts in the event, with the token batches it
         headed, and its tokens charged to its client key (tokens per minute)."""
         encoder = encoder_of(processor)
         if encoder is None:
             return
-        counts = encoder.usage(state)
-        stats.extra["embedding"] = {**counts, "batches": list(led)}
-        self.keys.charge(stats.client, int(counts["tokens"]))
-
-    def record(self, stats: "RequestStats", status: int) -> None:
-        """The one statistics event of a request another path served (llm/relay.py)."""
-        self._record(stats, status)
+        counts = encoder.usage(life.state)
+        life.stats.extra["embedding"] = {**counts, "batches": list(led)}
+        life.charge_tokens(int(counts["tokens"]))
 
     def reject(self, name: str, status: int, client: str | None = None) -> None:
         """Count a request a front end refused before inference (bad JSON, body too large), so error
         rates include it; requests for unknown endpoints are not counted (no label to give them)."""
         if name in self.config.current.endpoints:
-            self._record(_Stats(name, client=client), status)
+            self._record(RequestStats(name, client=client), status)
 
     def refuse(self, name: str, reason: str, client: str | None, status: int) -> None:
         """Count a request the client-key check refused (client_keys.py): its own series by reason,
@@ -250,7 +201,7 @@ class DataPlane:
             event["key"] = client
         self.recorder.record(event)
 
-    def _record(self, stats: _Stats, status: int) -> None:
+    def _record(self, stats: RequestStats, status: int) -> None:
         self.version_stats.observe(stats.endpoint, stats.version, status, time.perf_counter() - stats.t0,
                                    stats.stages, time.time())
         if self.recorder is None:

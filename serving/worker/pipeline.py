@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 
-from serving.worker.llm.openai_routes import checked, sendable
-from serving.worker.llm.relay import split_model
+from serving.llm.openai.routes import checked, sendable
+from serving.llm.relay.generation import split_model
 
 log = logging.getLogger(__name__)
 
 
-OPENAI_ROUTES = sendable()  # the OpenAI routes send_request takes (serving/worker/llm/openai_routes.py)
+OPENAI_ROUTES = sendable()  # the OpenAI routes send_request takes (serving/llm/openai/routes.py)
 
 
 def _parse(endpoint: str, version: Any) -> tuple[str, int | None, str]:

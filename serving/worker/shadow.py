@@ -36,7 +36,7 @@ import numpy as np
 import orjson
 
 from preprocess.base import PreprocessError, UserCodeTimeout
-from serving.worker.encoder_batching import encoder_of
+from serving.embeddings.batching import encoder_of
 from serving.worker.errors import ServingError
 from serving.worker.runtime import EndpointRuntime, Target
 

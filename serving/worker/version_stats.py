@@ -3,7 +3,7 @@
 
 Why counters here and not the statistics service: the extension answers "since the server started"
 and must be exact (every request, never sampled by ``log_freq``, never late behind a transport);
-the data plane already times every request (dataplane ``_Stats``), and adding its numbers up costs a
+the data plane already times every request (lifecycle.py's ``RequestStats``), and adding its numbers up costs a
 dict lookup. Each worker process counts what it served; a statistics request sums the counters of
 every process of the worker (stats_exchange.py).
 

@@ -101,7 +101,7 @@ def test_llm_values_run_vllms_image_on_a_gpu_as_an_external_engine():
 
 def test_llm_replicas_are_each_reachable_through_a_headless_service():
     """llm.replicas pods, and a headless Service (one DNS address per ready pod) that the workers resolve
-    and route over (serving/worker/llm/external.py): the url the manifest's comment tells endpoints to name."""
+    and route over (serving/llm/routing/external.py): the url the manifest's comment tells endpoints to name."""
     docs = manifests("llm")
     (deployment,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == "demo-serving-llm"]
     assert deployment["spec"]["replicas"] == 2

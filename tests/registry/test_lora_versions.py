@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from registry.api import create_app
-from serving.llm.engine_process import vllm_command, wanted_engines
+from serving.llm.launch.process import vllm_command, wanted_engines
 from serving.llm.naming import engine_key
 from serving.settings import ControlPlaneSettings
 from serving.testmodels_llm import build_lora_adapter, build_tiny_llama

@@ -25,7 +25,7 @@ HOST_NETWORK = "host-network"
 HOST_NETWORK_PATHS = ("tests/deploy/kube/", "tests/deploy/test_compose_up.py", "tests/registry/console/")
 # Modules that start real vLLM engines, longest first (measured: JUnit durations of a `make test`).
 VLLM_ENGINE_PATHS = (
-    "tests/serving/llm/test_launcher_e2e.py",
+    "tests/serving/llm/launch/test_launcher_e2e.py",
     "tests/serving/llm/test_replicas_e2e.py",
     "tests/serving/llm/test_openai_e2e.py",
     "tests/test_readme_llm.py",

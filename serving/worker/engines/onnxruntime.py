@@ -31,7 +31,7 @@ class OnnxRuntimeEngine:
 
     def __init__(self, sessions: Sessions, parallel: int = 1) -> None:
         self.sessions = sessions
-        self.parallel = max(1, parallel)  # calls worth running at once (serving/worker/token_batcher.py)
+        self.parallel = max(1, parallel)  # calls worth running at once (serving/embeddings/token_batcher.py)
         # session.run is thread-safe and releases the GIL, so one session serves every thread
         self._executor = ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="onnxruntime")
 

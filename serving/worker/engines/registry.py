@@ -1,4 +1,5 @@
-"""Engines by name: adding one is a module with a ``create(settings, artifact_path)`` and a line here.
+"""Engines by name: adding one is a module with a ``create(settings, artifact_path)`` and a line here
+(an LLM engine's line is in serving/llm/naming.py's ``LLM_ENGINE_FACTORIES``).
 
 Every engine is built at worker start; a framework library is imported only when a
 model of it is loaded, so an engine whose library is missing costs nothing until used.
@@ -9,6 +10,8 @@ import importlib
 from pathlib import Path
 from typing import Any, Callable
 
+from serving.llm.naming import LLM_ENGINE_FACTORIES
+
 FACTORIES: dict[str, str] = {
     "triton": "serving.worker.engines.triton:create",
     "onnxruntime": "serving.worker.engines.onnxruntime:create",
@@ -17,9 +20,9 @@ FACTORIES: dict[str, str] = {
     "lightgbm": "serving.worker.engines.lightgbm:create",
     "custom": "serving.worker.engines.custom:create",
     "custom_async": "serving.worker.engines.custom:create_async",
-    "vllm": "serving.worker.engines.vllm:create",
     "torchserve": "serving.worker.engines.torchserve:create",
     "torch": "serving.worker.engines.torch:create",
+    **LLM_ENGINE_FACTORIES,  # the LLM engines' (serving/llm/naming.py)
 }
 
 

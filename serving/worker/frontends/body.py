@@ -1,5 +1,6 @@
-"""Read a request body with a size cap, before any parsing: a huge body must cost a 413, not memory;
-the same cap again after ``Content-Encoding`` (gzip, deflate) is undone."""
+"""What every front end shares: the platform's two headers, and a request body read with a size cap,
+before any parsing (a huge body must cost a 413, not memory; the same cap again after
+``Content-Encoding``, gzip or deflate, is undone)."""
 from __future__ import annotations
 
 import zlib
@@ -9,6 +10,9 @@ import orjson
 from fastapi import Request, Response
 
 from serving.worker.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+VERSION_HEADER = "X-Model-Version"  # the version that answered
+ROUTING_HEADER = "X-Routing-Key"  # a sticky key: the same key, the same canary version
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -16,11 +16,9 @@ from fastapi import Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
-from serving.worker.frontends.body import answer_response, json_response, read_serve_body
+from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, answer_response, json_response, read_serve_body
 from serving.worker.frontends.openapi_bodies import SERVE_BODY
 
-VERSION_HEADER = "X-Model-Version"
-ROUTING_HEADER = "X-Routing-Key"
 
 
 MAX_VERSION = 2**31 - 1  # as in the registry

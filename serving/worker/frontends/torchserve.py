@@ -20,8 +20,8 @@ from preprocess.handler import HandlerProcessor
 from serving.torchserve.codec import HandlerAnswer, HandlerRequest, Parameter
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import BadRequest, NotFound, ServingError, UnknownEndpoint
-from serving.worker.frontends.body import json_response, read_body
-from serving.worker.frontends.serve_rest import MAX_VERSION, ROUTING_HEADER, VERSION_HEADER
+from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, read_body
+from serving.worker.frontends.serve_rest import MAX_VERSION
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 # TorchServe's exception names by status, for errors the platform raises itself

@@ -14,9 +14,9 @@ from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
-from serving.worker.frontends.body import json_response, read_decoded_body
+from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, read_decoded_body
 from serving.worker.frontends.openapi_bodies import V2_INFER_BODY
-from serving.worker.frontends.serve_rest import ROUTING_HEADER, VERSION_HEADER, parse_version
+from serving.worker.frontends.serve_rest import parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
 from serving.worker.frontends.v2_models import (SERVER_METADATA, check_model_ready, check_server_ready, model_metadata,
                                                 model_statistics)

@@ -2,7 +2,7 @@
 (issue 45's defect): the base with ``dtype=float32 max_model_len=512`` and no LoRA, then its adapter
 with no ``--aux-config``. The adapter joins the base's engine with the base's options (one engine, not
 a second half-precision one), LoRA is turned on by replacing that engine while the base's endpoint keeps
-answering (not one request of a steady stream lost: serving/llm/replacement.py), and both answer as
+answering (not one request of a steady stream lost: serving/llm/launch/replacement.py), and both answer as
 transformers' greedy ``generate`` in float32, the adapter merged into the weights.
 """
 from __future__ import annotations

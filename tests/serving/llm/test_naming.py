@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
-from serving.llm.engine_metrics import engine_endpoints
-from serving.llm.engine_process import wanted_engines
+from serving.llm.launch.metrics import engine_endpoints
+from serving.llm.launch.process import wanted_engines
 from serving.llm.naming import describe_options, engine_key, served_by
 from tests.registry.test_llm_models import cli, llm_folder
 from tests.registry.test_pytorch_refusal import cp  # noqa: F401 (a control plane on a socket, the CLI's token)
-from tests.serving.llm.test_launcher_states import launcher
+from tests.serving.llm.launch.test_launcher_states import launcher
 
 
 def test_equal_options_share_a_key_and_other_options_do_not():
@@ -48,7 +48,7 @@ def test_the_launcher_starts_one_engine_per_version_and_options_each_with_its_ow
 def test_the_engines_command_lines_carry_their_own_options(tmp_path):
     from pathlib import Path
 
-    from serving.llm.engine_process import vllm_command
+    from serving.llm.launch.process import vllm_command
 
     wanted = wanted_engines(snapshot())
     lines = {k: vllm_command(Path("python"), s, Path("/m"), 1, 0.5) for k, s in wanted.items()}

@@ -1,5 +1,5 @@
 """Generation statistics through the statistics service's pipeline, no engine: the ``llm`` object of the
-worker's events (serving/worker/llm/timing.py) counted exactly into serving_llm_* families."""
+worker's events (serving/llm/relay/timing.py) counted exactly into serving_llm_* families."""
 from __future__ import annotations
 
 import shutil
