@@ -6,8 +6,15 @@ Signed in with the admin token, the overview lists the endpoint with the version
 the statistics service (no "does not answer" banner: SERVING_STATISTICS_URL is right); the playground's
 answer, sent by the control plane to the data plane (SERVING_CONSOLE_DATA_PLANE_URL) with the client
 key, equals the answer of the version that gave it, asked directly; and a configuration change made
-with the CLI arrives on the open endpoint page without a reload within 2 s (server-sent events through
-whatever is in front: nginx must not buffer them).
+with the CLI arrives on the open endpoint page by its event stream, without a reload (server-sent
+events through whatever is in front: nginx must not buffer them).
+
+Why the bound here is the event stream's keepalive period and not the console's 2 s: what this check
+must tell apart is an event passed on at once from one held in a proxy's buffer, which a 13-byte
+keepalive every ``KEEPALIVE_S`` would not flush for minutes. How fast the page follows is a latency,
+measured on a stack of its own (tests/registry/console/test_console_browser.py: 0.02 s); a whole
+cluster or compose stack beside the rest of the suite on 2 cores once took 4.9 s to re-read the page,
+and failed a 2 s bound while nothing was buffered.
 """
 from __future__ import annotations
 
@@ -15,11 +22,11 @@ import json
 import time
 from typing import Callable
 
+from registry.console.app import KEEPALIVE_S
 from registry.console.sessions import COOKIE
 from tests.support.browser import chromium, shown, sign_in
 from tests.support.procs import wait_until
 
-LIVE_UPDATE_S = 2.0
 TEXT = "the staff were friendly and quick"
 
 
@@ -62,6 +69,6 @@ def check_console(base: str, token: str, endpoint: str, versions: set[int], key:
         wait_until(arrived, timeout=20, interval=0.05, what=f"{shows!r} on the open page, by its event stream")
         took = time.monotonic() - made
         print(f"\nconsole at {base}: a CLI change on the open page {took:.2f} s after the CLI returned")
-        assert took < LIVE_UPDATE_S
+        assert took < KEEPALIVE_S, f"{took:.1f} s: the event was held on its way (a buffering proxy?)"
         assert browser.execute_script("return window.notReloaded === true;")
         return cookie
