@@ -4,13 +4,13 @@ Why written down: the relay keeps everything an endpoint does whatever runs the 
 versions, keys and limits, preprocessing, statistics, shadows); an engine only gets a validated OpenAI
 request to a version's engine and gives back its answer or its events. vLLM's client
 (serving/llm/engines/vllm.py) implements it; another engine is a module implementing it and an entry
-in serving/worker/engines/registry.py. tests/serving/llm/engines/test_api.py checks that vLLM's
+in serving/llm/naming.py's ``LLM_ENGINE_FACTORIES``. tests/serving/llm/engines/test_api.py checks that vLLM's
 client has every member, with the same parameters.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol
 
 from serving.llm.routing.policies.base import RouteHint
 from serving.llm.relay.tokens import PromptCounter
@@ -25,11 +25,31 @@ class StreamEvent:
     data: bytes                   # its JSON as the engine wrote it, the model renamed, to pass on as is
 
 
+@dataclass
+class StreamBatch:
+    """The events of one read from the engine, which the relay writes to its client at once.
+
+    Why two kinds: at a GPU's rate (tens of thousands of tokens a second) parsing every event is most of
+    what relaying costs. A *plain* batch holds only token events of the engine's usual shape, the model
+    already renamed: ``data`` is what the client gets, byte for byte, and ``content`` how many of its
+    events carry a token (timing needs no more). Any other batch (the end, the usage chunk, a finish
+    reason, an event of another shape) has ``data`` None, and the relay reads its :meth:`events`.
+    """
+
+    data: bytes | None
+    content: int
+    parse: Callable[[], list[StreamEvent]] = field(repr=False)
+
+    def events(self) -> list[StreamEvent]:
+        """Its events, parsed (on demand for a plain batch: a shadow comparison reads their text)."""
+        return self.parse()
+
+
 class GenerationStream(Protocol):
-    def batches(self) -> AsyncIterator[list[StreamEvent]]:
-        """The engine's events in its order, those that arrived together in one list (the relay writes each
-        list to the client at once). A break after the first event raises a ServingError (503 when the
-        engine is gone, 504 past the read timeout): the relay turns it into an OpenAI error event."""
+    def batches(self) -> AsyncIterator[StreamBatch]:
+        """The engine's events in its order, those that arrived together in one batch. A break after the
+        first event raises a ServingError (503 when the engine is gone, 504 past the read timeout): the
+        relay turns it into an OpenAI error event."""
         ...
 
     async def aclose(self) -> None:

@@ -37,16 +37,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import aiohttp
 import httpx
 import orjson
 
 from serving.llm.naming import adapter_name, target_engine
-from serving.llm.engines.sse import DONE, SseEvent, read_events
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
-from serving.llm.engines.api import StreamEvent
+from serving.llm.engines.openai_stream import EngineStream, Upstream
 from serving.llm.routing.external import ExternalReplicas
 from serving.llm.routing.replicas import Member, ReplicaSet
 from serving.llm.routing.policies.base import Replica, RouteHint
@@ -68,12 +67,6 @@ class EngineRefused(ServingError):
     def __init__(self, status: int, error: dict[str, Any]) -> None:
         super().__init__(str(error.get("message") or "the engine refused the request"))
         self.status, self.error = status, error
-
-
-@dataclass(frozen=True)
-class Upstream:
-    url: str                # the engine's OpenAI base URL, ending in /v1
-    served_model_name: str  # the model's name at the engine
 
 
 def served_name(target: Target) -> str:
@@ -309,55 +302,6 @@ class VllmEngine:
         self._map_at = 0.0  # ask the launcher again: a restarted engine may be elsewhere
         return Unavailable(f"the LLM engine of model {served_name(target)} is not answering "
                            f"({type(exc).__name__}: {brief(exc) or 'connection failed'})", retry_after_s=RETRY_AFTER_S)
-
-
-class EngineStream:
-    """An engine's Server-Sent Events, parsed, the events of one read together (sse.py), with the
-    model's name rewritten back in place (the event is not written again); closing it closes the
-    upstream connection."""
-
-    def __init__(self, response: aiohttp.ClientResponse, up: Upstream, public: str,
-                 failed: Callable[[Exception], ServingError], done: Callable[[], None] = lambda: None) -> None:
-        self.response, self.up, self.public, self.failed, self.done = response, up, public, failed, done
-        self._served_field = b'"model":' + orjson.dumps(up.served_model_name)
-        self._public_field = b'"model":' + orjson.dumps(public)
-
-    async def batches(self) -> AsyncIterator[list[StreamEvent]]:
-        try:
-            async for events in read_events(data async for data, _ in self.response.content.iter_chunks()):
-                yield [item for item in map(self._parsed, events) if item is not None]
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self.failed(exc) from None
-
-    def _parsed(self, sse: SseEvent) -> StreamEvent | None:
-        if sse.data.strip() == DONE:
-            return StreamEvent(None, DONE)
-        try:
-            event = orjson.loads(sse.data)
-        except orjson.JSONDecodeError:
-            raise BadGateway(f"the LLM engine of {self.up.served_model_name} sent an event that is not JSON: "
-                             f"{brief(sse.data.decode(errors='replace'))}") from None
-        if not isinstance(event, dict):
-            return None
-        data = sse.data
-        if event.get("model") == self.up.served_model_name:
-            event["model"] = self.public
-            # the field as vLLM writes it (no spaces): a key, never inside a string, where quotes are escaped
-            data = (data.replace(self._served_field, self._public_field, 1) if self._served_field in data
-                    else orjson.dumps(event))
-        return StreamEvent(event, data)
-
-    async def aclose(self) -> None:
-        """A stream read to its end keeps its connection for the next call; one cut short closes it,
-        and the engine aborts the generation."""
-        self.done()
-        if self.response.content.at_eof():
-            self.response.release()
-        else:
-            self.response.close()
-
-    def __del__(self) -> None:  # a stream never read (its client left first) still frees its replica's count
-        self.done()
 
 
 @dataclass

@@ -98,8 +98,8 @@ class Generation:
                 stream = await engine.stream(target, route, upstream, hint)
                 life.hand_off()
                 timer = GenerationTimer(stats.t0, stream=True)
-                return Generated(target, events=self._relay(stream, life, wants_usage, timer,
-                                                            lambda texts: self.shadow.fire(copies, target, route, texts)))
+                compare = (lambda texts: self.shadow.fire(copies, target, route, texts)) if copies is not None else None
+                return Generated(target, events=self._relay(stream, life, wants_usage, timer, compare))
             answer = await engine.post(target, route, request, hint)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
@@ -116,26 +116,34 @@ class Generation:
             return Generated(target, body=answer)
 
     async def _relay(self, stream: GenerationStream, life: RequestLife, wants_usage: bool,
-                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None]) -> AsyncIterator[bytes]:
-        """Each event on as it comes. The engine is always asked for usage (the statistics need it);
-        a client that did not ask gets no usage chunk. A stream the engine breaks ends with an
-        OpenAI error event (the status line is long gone)."""
-        status, usage, text, stats = CLIENT_CLOSED, None, StreamText(), life.stats
+                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None] | None) -> AsyncIterator[bytes]:
+        """Each read of the engine on as it comes, in one write. The engine is always asked for usage (the
+        statistics need it); a client that did not ask gets no usage chunk. A read of tokens only goes on
+        as its bytes (api.py's StreamBatch); the events of any other are looked at one by one. A stream
+        the engine breaks ends with an OpenAI error event (the status line is long gone). ``ended``: the
+        shadow copy to start with the stream's text once it has ended well (None: no copy, no text kept)."""
+        status, usage, stats = CLIENT_CLOSED, None, life.stats
+        text = StreamText() if ended is not None else None
         try:
             async for batch in stream.batches():
+                if "ttft_s" not in stats.extra:
+                    stats.extra["ttft_s"] = time.perf_counter() - stats.t0
+                if batch.data is not None and text is None:
+                    timer.tokens(batch.content)
+                    yield batch.data
+                    continue
                 out: list[bytes] = []
-                for item in batch:
+                for item in batch.events():
                     event = item.event
                     if event is None:  # the end: a client may hang up as soon as it reads it
                         status = 200
                         out.append(b"data: [DONE]\n\n")
                         continue
-                    if "ttft_s" not in stats.extra:
-                        stats.extra["ttft_s"] = time.perf_counter() - stats.t0
                     if event.get("usage"):
                         usage = event["usage"]
                     timer.chunk(event)
-                    text.add(event)
+                    if text is not None:
+                        text.add(event)
                     data = item.data
                     if not wants_usage and "usage" in event:
                         if event["usage"] and not event.get("choices"):
@@ -143,7 +151,7 @@ class Generation:
                         event.pop("usage")
                         data = orjson.dumps(event)
                     out.append(b"data: " + data + b"\n\n")
-                if out:  # the events of one read from the engine, in one write
+                if out:
                     yield b"".join(out)
             status = 200
         except ServingError as exc:
@@ -158,10 +166,8 @@ class Generation:
             stats.extra["llm"] = timer.event(stats.extra["usage"])
             _charge(life)
             life.end(status)
-            if status == 200:  # a shadow copy starts once the live stream has ended (never before)
-                ended(text.texts())
-
-
+            if status == 200 and ended is not None and text is not None:  # a shadow copy starts once the live
+                ended(text.texts())                                       # stream has ended (never before)
 
 def _charge(life: RequestLife) -> None:
     """The request's tokens against its key's tokens per minute (client_keys.py), once they are known."""

@@ -1,8 +1,9 @@
 """The ``llm`` field of a generation request's statistics event: time to first token, the gaps
 between content chunks, end-to-end latency, token counts and finish reason (docs/llm-statistics.md).
 
-Measured on the chunks the generation path already parsed (serving/llm/relay/generation.py): a few
-dict look-ups and one clock read per chunk, nothing parsed again. The clock starts with the
+Measured as the generation path relays the chunks (serving/llm/relay/generation.py): on a chunk it
+parsed anyway, a few dict look-ups and one clock read; on a read it passes on unparsed, one clock read
+for the content chunks counted in its bytes. The clock starts with the
 request in the worker (``RequestStats.t0``), so TTFT includes routing, preprocess and the prompt
 check as well as the engine's prefill. A non-streaming request has no first token the client sees
 before the whole answer: its ``ttft_s`` is None (its end-to-end latency is ``e2e_s``).
@@ -42,6 +43,19 @@ class GenerationTimer:
             self.first = now
         elif len(self.gaps) < MAX_GAPS:
             self.gaps.append(now - self.last)
+        self.last = now
+
+    def tokens(self, count: int) -> None:
+        """``count`` content chunks that arrived together and are passed on now (a read the relay passes on
+        as its bytes, its content counted without parsing it): the first gap from the last, then none."""
+        if count <= 0:
+            return
+        now = time.perf_counter()
+        if self.last is None:
+            self.first = now
+        elif len(self.gaps) < MAX_GAPS:
+            self.gaps.append(now - self.last)
+        self.gaps.extend([0.0] * min(count - 1, MAX_GAPS - len(self.gaps)))
         self.last = now
 
     def answered(self, answer: Any) -> None:

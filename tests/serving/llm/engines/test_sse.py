@@ -1,5 +1,6 @@
 """Reading an engine's Server-Sent Events (serving/llm/engines/sse.py) and relaying them
-(vllm.py EngineStream): line ends, events cut between reads, and the model's name."""
+(openai_stream.py EngineStream): line ends, events cut between reads, the model's name, and which reads
+go on as their bytes (tokens only) and which are parsed event by event."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ import orjson
 import pytest
 
 from serving.llm.engines.sse import SseEvent, read_events
-from serving.llm.engines.vllm import EngineStream, Upstream
+from serving.llm.engines.openai_stream import EngineStream, Upstream
 from serving.worker.errors import BadGateway, Unavailable
 
 # characters str.splitlines() breaks at and JSON leaves as they are: a model may generate any of them
@@ -51,7 +52,12 @@ def test_a_last_event_without_its_empty_line_still_counts():
 
 def stream_of(body: bytes, served: str = "llama:1", public: str = "chat") -> list:
     """``body`` sent by a real HTTP server on a loopback port (aiohttp's, standing in for the engine's
-    bytes), read by the worker's EngineStream."""
+    bytes), read by the worker's EngineStream: its events."""
+    return [item for batch in batches_of(body, served, public) for item in batch.events()]
+
+
+def batches_of(body: bytes, served: str = "llama:1", public: str = "chat") -> list:
+    """As :func:`stream_of`, the batches themselves (one read of a short body: one batch)."""
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.StreamResponse:
@@ -71,7 +77,7 @@ def stream_of(body: bytes, served: str = "llama:1", public: str = "chat") -> lis
                 stream = EngineStream(response, Upstream(f"http://127.0.0.1:{port}/v1", served), public,
                                       lambda exc: Unavailable(str(exc)))
                 try:
-                    return [item async for batch in stream.batches() for item in batch]
+                    return [batch async for batch in stream.batches()]
                 finally:
                     await stream.aclose()
         finally:
@@ -96,3 +102,40 @@ def test_an_engine_that_writes_spaces_still_gets_its_model_renamed():
 def test_an_event_that_is_not_json_is_a_bad_gateway():
     with pytest.raises(BadGateway, match="not JSON"):
         stream_of(b'data: {"model": "llama:1", "cho\n\n')
+
+
+def token(text: str, model: str = "llama:1", finish: str | None = None) -> bytes:
+    """A completions chunk as vLLM writes it (no spaces)."""
+    return b"data: " + orjson.dumps({"id": "c1", "object": "text_completion", "model": model, "choices": [
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}) + b"\n\n"
+
+
+def test_a_read_of_tokens_goes_on_as_its_bytes_renamed_with_its_tokens_counted():
+    body = token("Hel") + token('"model":"llama:1"') + token("") + token("lo")
+    (batch,) = batches_of(body)
+    assert batch.data == body.replace(b'"model":"llama:1"', b'"model":"chat"')  # the text's quotes are escaped
+    assert batch.content == 3  # the empty text is no token
+    assert [item.event["choices"][0]["text"] for item in batch.events()] == ["Hel", '"model":"llama:1"', "", "lo"]
+    assert all(item.event["model"] == "chat" for item in batch.events())
+
+
+@pytest.mark.parametrize("last", [
+    token("", finish="length"),  # a finish reason
+    b'data: {"id":"c1","model":"llama:1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n',
+    b"data: [DONE]\n\n",
+    b'data: {"model": "llama:1", "choices": []}\n\n',  # another writer's spaces: its model renamed all the same
+    b'data: {"id":"c1","model":"other","choices":[]}\n\n',  # another model's name: left as it is
+], ids=["finish", "usage", "done", "spaces", "other-model"])
+def test_a_read_with_anything_but_tokens_is_parsed_event_by_event(last):
+    (batch,) = batches_of(token("a") + last)
+    assert batch.data is None and len(batch.events()) == 2
+    assert batch.events()[0].data == token("a", "chat")[6:-2]
+
+
+def test_a_plain_read_is_checked_by_its_shape_only_until_its_events_are_read():
+    """The price of not parsing: a line that looks like a JSON object naming the model goes on unread (a
+    cut event, which does not end with its brace, is refused above); a shadow that reads it gets the 502."""
+    (batch,) = batches_of(token("a") + b'data: {"model":"llama:1","cho}\n\n')
+    assert batch.data is not None
+    with pytest.raises(BadGateway, match="not JSON"):
+        batch.events()

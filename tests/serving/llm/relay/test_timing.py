@@ -33,3 +33,16 @@ def test_non_streaming_has_no_ttft_and_the_answers_finish_reason():
     llm = timer.event({"prompt_tokens": 4, "completion_tokens": 1})
     assert llm["ttft_s"] is None and llm["itl_s"] == [] and llm["e2e_s"] > 0 and llm["finish_reason"] == "stop"
     assert llm["stream"] is False
+
+
+def test_content_chunks_counted_in_a_read_passed_on_unparsed():
+    """A read of 3 tokens, then one of 2: the first token, a gap to the next read, no gap inside a read."""
+    timer = GenerationTimer(t0=0.0, stream=True)
+    timer.tokens(0)
+    timer.tokens(3)
+    timer.tokens(2)
+    llm = timer.event(None)
+    assert llm["ttft_s"] > 0 and len(llm["itl_s"]) == 4 and llm["itl_s"].count(0.0) == 3 and llm["itl_s"][2] > 0
+    capped = GenerationTimer(t0=0.0, stream=True)
+    capped.tokens(MAX_GAPS + 50)
+    assert len(capped.event(None)["itl_s"]) == MAX_GAPS
