@@ -125,24 +125,22 @@ def _start(procs: Processes, env: dict[str, str], root: Path, recording: Path) -
 
 
 def one_pass(procs: Processes, url: str, model: str, streams: int, seconds: float) -> tuple[dict, dict[str, float]]:
+    """One run of the driver (core 0): its result, and each process's CPU seconds in it, the driver's own
+    from the kernel's account of that child (``wait4``)."""
     before = procs.cpu()
-    t0 = resource_children()
-    run = subprocess.run(["taskset", "-c", "0", sys.executable, "-m", "benchmarks.systems.sse_driver", "--url", url,
-                          "--model", model, "--streams", str(streams), "--seconds", str(seconds)],
-                         capture_output=True, text=True, env=procs.env, cwd=REPO, timeout=seconds + 300)
-    if run.returncode != 0:
-        raise SystemExit(f"the driver failed:\n{run.stderr[-3000:]}")
+    out = procs.root / "driver.out"
+    with open(out, "wb") as sink:
+        driver = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-m", "benchmarks.systems.sse_driver",
+                                   "--url", url, "--model", model, "--streams", str(streams), "--seconds",
+                                   str(seconds)], stdout=sink, stderr=subprocess.STDOUT, env=procs.env, cwd=REPO)
+        _, status, usage = os.wait4(driver.pid, 0)
+    driver.returncode = os.waitstatus_to_exitcode(status)
+    if driver.returncode != 0:
+        raise SystemExit(f"the driver failed:\n{out.read_text()[-3000:]}")
     after = procs.cpu()
     cpu = {name: after[name] - before.get(name, 0.0) for name in after}
-    cpu["driver"] = resource_children() - t0
-    return json.loads(run.stdout.strip().splitlines()[-1]), cpu
-
-
-def resource_children() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    cpu["driver"] = usage.ru_utime + usage.ru_stime
+    return json.loads(out.read_text().strip().splitlines()[-1]), cpu
 
 
 def relay_process(system: str) -> str | None:

@@ -9,6 +9,8 @@ Writes ``<mode>.json``, ``<mode>.md`` and ``<mode>.png`` under benchmarks/result
 vLLM called directly; ``--concurrency`` gives its stream counts); ``--workload LLM-ROUTING`` the routing
 policies side by side over two vLLM replicas (``benchmarks.llm_routing``); ``--workload LLM-RELAY`` the
 worker's cost to an LLM endpoint measured with vLLM's own serving benchmark client (``benchmarks.llm_relay``);
+``--workload LLM-RELAY-RATE`` tokens relayed from a replayed vLLM stream by the worker, a bare pass-through
+and vllm-router (``benchmarks.llm_relay_rate``);
 ``--workload LLM-LORA`` a LoRA adapter's tokens/s against its base's on one engine (``benchmarks.llm_lora``);
 ``--workload EMB`` the embeddings one (``benchmarks.embeddings``: platform against Infinity,
 sentence-transformers and the ceiling).
@@ -205,11 +207,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 # Workloads with a driver of their own (module in benchmarks/, and the runner's options as its arguments):
 # LLM streams, TTFT and ITL (llm.py); the routing policies over two replicas (llm_routing.py); the relay's
-# cost measured with vLLM's own client (llm_relay.py); a LoRA adapter against its base (llm_lora.py); embeddings, sentences/s and tokens/s (embeddings.py).
+# cost measured with vLLM's own client (llm_relay.py), and at a GPU's rate (llm_relay_rate.py); a LoRA adapter against its base (llm_lora.py); embeddings, sentences/s and tokens/s (embeddings.py).
 OWN_DRIVERS: dict[str, tuple[str, Callable[[argparse.Namespace], list[str]]]] = {
     "LLM": ("llm", lambda a: ["--streams", a.concurrency] if a.concurrency else []),
     "LLM-ROUTING": ("llm_routing", lambda a: ["--quick"] if a.mode == "quick" and not a.concurrency else []),
     "LLM-RELAY": ("llm_relay", lambda a: ["--concurrency", a.concurrency] if a.concurrency else []),
+    "LLM-RELAY-RATE": ("llm_relay_rate", lambda a: ["--streams", a.concurrency] if a.concurrency else []),
     "LLM-LORA": ("llm_lora", lambda a: [*(["--quick"] if a.mode == "quick" and not a.concurrency else []),
                                        *(["--streams", a.concurrency] if a.concurrency else [])]),
     "EMB": ("embeddings", lambda a: [*(["--quick"] if a.mode == "quick" else []),
