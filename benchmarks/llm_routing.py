@@ -1,6 +1,8 @@
 """``python -m benchmarks.llm_routing [--conversations 12] [--turns 3] [--streams 4] [--context 1500] [--repeats 1] [--quick]``.
 
-The four routing policies (docs/llm-routing.md) side by side in one run, on one engine of two replicas:
+The routing policies (docs/llm-routing.md) side by side in one run, on one engine of two replicas, and
+vLLM's own router (``vllm-router`` 0.1.17, ``--policy cache_aware`` and ``round_robin``) in front of the
+same two replicas (``--systems`` picks which):
 the platform as `serving up` runs it (control plane, the LLM launcher, one worker), the launcher pinning
 each vLLM replica to a core of its own. Four endpoints deploy the same version with the same options and
 differ only in ``routing``, so they share the two replicas; each policy gets conversations of its own
@@ -32,6 +34,8 @@ import argparse
 import asyncio
 import random
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -45,10 +49,14 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.llm_stack import LLMStack, corpus_words, save
+from benchmarks.procs import free_port, stop, wait_http
 from serving.llm.engines.sse import DONE, read_events
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 POLICIES = {"round-robin": "rr", "least-loaded": "ll", "prefix": "pfx", "session": "sess"}
+# vLLM's own Rust router (``vllm-router``) in front of the same two replicas, by its policy name: the peer
+# the platform's policies are measured against. It routes on the engine's served name, not an endpoint.
+ROUTER_POLICIES = {"vllm-router cache_aware": "cache_aware", "vllm-router round_robin": "round_robin"}
 LAYERS = 4
 console = Console(width=132)
 
@@ -87,10 +95,10 @@ def conversation(rng: random.Random, words: list[str], context: int) -> list[dic
     return [{"role": "system", "content": " ".join(rng.choice(words) for _ in range(context))}]
 
 
-async def turn(session: aiohttp.ClientSession, url: str, endpoint: str, conv_id: str, messages: list[dict],
+async def turn(session: aiohttp.ClientSession, url: str, model: str, conv_id: str, messages: list[dict],
                max_tokens: int, run: Run) -> str:
     """One streamed chat turn; returns the answer's text."""
-    body = {"model": endpoint, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     t0, first, text, usage = time.perf_counter(), None, [], {}
     async with session.post(url, json=body, headers={"X-Session-Id": conv_id}) as r:
@@ -122,7 +130,9 @@ async def turn(session: aiohttp.ClientSession, url: str, endpoint: str, conv_id:
 
 
 async def drive(url: str, policy: str, seed: int, words: list[str], conversations: int, turns: int, streams: int,
-                context: int, max_tokens: int, into: Run | None = None) -> Run:
+                context: int, max_tokens: int, into: Run | None = None, model: str | None = None) -> Run:
+    """``model``: what the requests name (a platform policy's endpoint by default; the served name for
+    vllm-router)."""
     run = into or Run(policy)
     rng = random.Random(seed)
     convs = {f"{policy}-{seed}-{c}": conversation(rng, words, context) for c in range(conversations)}
@@ -134,7 +144,7 @@ async def drive(url: str, policy: str, seed: int, words: list[str], conversation
                     messages = convs[conv_id]
                     messages.append({"role": "user", "content": f"question {t}: " + " ".join(
                         rng.choice(words) for _ in range(12))})
-                    answer = await turn(session, url, POLICIES[policy], conv_id, messages, max_tokens, run)
+                    answer = await turn(session, url, model or POLICIES[policy], conv_id, messages, max_tokens, run)
                     messages.append({"role": "assistant", "content": answer})
 
         t0 = time.perf_counter()
@@ -155,11 +165,26 @@ def counters(launcher: str, key: str) -> tuple[float, float]:
     return hits, queries
 
 
+def start_router(stack: LLMStack, key: str, policy: str) -> tuple[subprocess.Popen, str]:
+    """vllm-router with ``policy`` over the engine's replicas; its base URL."""
+    replicas = [r["url"].removesuffix("/v1") for r in stack.engine(key)["replicas"]]
+    port = free_port()
+    log = open(stack.root / f"vllm-router-{policy}.log", "ab")
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "vllm-router"), "--worker-urls", *replicas,
+                             "--policy", policy, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/v1/models", 60, [proc])
+    return proc, url
+
+
 def run(conversations: int, turns: int, streams: int, context: int, max_tokens: int, hidden: int,
-        cache_share: float, root: Path, repeats: int = 1) -> dict:
+        cache_share: float, root: Path, repeats: int = 1, systems: list[str] | None = None) -> dict:
+    """``systems``: platform policies (POLICIES) and vllm-router policies (ROUTER_POLICIES), by name."""
     from serving.llm.naming import engine_key
     from serving.testmodels_llm import build_tiny_llama
 
+    systems = systems or list(POLICIES)
     max_len = 1 << (context + turns * (max_tokens + 40)).bit_length()
     bundle = build_tiny_llama(root / "bench-llm", max_model_len=max_len, layers=LAYERS, hidden_size=hidden)
     token_bytes = 2 * LAYERS * hidden * 4  # keys and values, float32
@@ -167,7 +192,7 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
     kv_gb = round(max(cache_share * total, 2.5 * max_len * token_bytes) / (1 << 30), 4)
     options = ["dtype=float32", f"max_model_len={max_len}", "replicas=2", f"kv_cache_space_gb={kv_gb}"]
     key = engine_key("bench-llm", 1, {"dtype": "float32", "max_model_len": max_len, "kv_cache_space_gb": kv_gb})
-    words, stack, runs = corpus_words(), LLMStack(root), []
+    words, stack, runs, routers = corpus_words(), LLMStack(root), [], []
     repeats = max(1, repeats)
     try:
         stack.start()
@@ -175,24 +200,33 @@ def run(conversations: int, turns: int, streams: int, context: int, max_tokens: 
         for policy, endpoint in POLICIES.items():
             stack.deploy(endpoint, "bench-llm:1", [*options, f"routing={policy}"])
         stack.wait_ready(key)
-        url = f"{stack.worker}/serve/openai/v1/chat/completions"
-        warm = Run("warm-up")  # the first requests of each replica pay for its warm-up: not any policy's
-        asyncio.run(drive(url, "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
-        pooled = {policy: Run(policy) for policy in POLICIES}
+        chat = "/v1/chat/completions"
+        targets = {policy: (f"{stack.worker}/serve/openai{chat}", None) for policy in POLICIES}
+        for name in systems:
+            if name in ROUTER_POLICIES:
+                proc, url = start_router(stack, key, ROUTER_POLICIES[name])
+                routers.append(proc)
+                targets[name] = (f"{url}{chat}", key)
+        warm = Run("warm-up")  # the first requests of each replica pay for its warm-up: not any system's
+        asyncio.run(drive(targets["round-robin"][0], "round-robin", 1, words, 4, 1, 4, 32, max_tokens, warm))
+        pooled = {name: Run(name) for name in systems}
         for rep in range(repeats):
-            for policy in (POLICIES if rep % 2 == 0 else list(POLICIES)[::-1]):
-                one = Run(policy)
+            for name in (systems if rep % 2 == 0 else systems[::-1]):
+                one = Run(name)
+                url, model = targets[name]
                 before = counters(stack.launcher, key)
-                asyncio.run(drive(url, policy, 1000 + 10 * rep + list(POLICIES).index(policy), words, conversations,
-                                  turns, streams, context, max_tokens, one))
+                asyncio.run(drive(url, name, 1000 + 10 * rep + systems.index(name), words, conversations,
+                                  turns, streams, context, max_tokens, one, model))
                 after = counters(stack.launcher, key)
                 one.hits, one.queries = after[0] - before[0], after[1] - before[1]
-                pooled[policy].add(one)
-                console.print(f"pass {rep + 1}: {policy:13} {one.summary()}")
-        runs = [pooled[policy].summary() for policy in POLICIES]
+                pooled[name].add(one)
+                console.print(f"pass {rep + 1}: {name:24} {one.summary()}")
+        runs = [pooled[name].summary() for name in systems]
         for r in runs:
-            console.print(f"{r['policy']:13} {r}")
+            console.print(f"{r['policy']:24} {r}")
     finally:
+        for proc in routers:
+            stop(proc)
         stack.stop()
     return {"conversations": conversations, "turns": turns, "streams": streams, "context_words": context,
             "max_tokens": max_tokens, "hidden_size": hidden, "layers": LAYERS, "max_model_len": max_len,
@@ -206,7 +240,7 @@ def print_table(result: dict) -> None:
     table = Table(title=f"routing over 2 replicas: {result['conversations']} conversations x {result['turns']} turns, "
                         f"{result['streams']} streams, ~{result['context_words']}-token contexts"
                         + (f", {passes} passes pooled" if passes > 1 else ""))
-    for col in ("policy", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix-cache hit rate", "errors",
+    for col in ("system", "TTFT p50 ms", "TTFT p90 ms", "output tok/s", "prefix-cache hit rate", "errors",
                 *(["TTFT p90 ms per pass"] if passes > 1 else [])):
         table.add_column(col, justify="right")
     for r in result["runs"]:
@@ -224,15 +258,15 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["policy"] for r in result["runs"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     x = np.arange(len(names))
     a.bar(x - 0.2, [r["ttft_p50_ms"] for r in result["runs"]], 0.4, label="p50")
     a.bar(x + 0.2, [r["ttft_p90_ms"] for r in result["runs"]], 0.4, label="p90")
-    a.set_xticks(x, names)
+    a.set_xticks(x, names, rotation=20, ha="right")
     a.set_ylabel("TTFT (ms)")
     a.legend()
     b.bar(x, [r["prefix_cache_hit_rate"] or 0 for r in result["runs"]])
-    b.set_xticks(x, names)
+    b.set_xticks(x, names, rotation=20, ha="right")
     b.set_ylabel("vLLM prefix-cache hit rate")
     fig.suptitle("LLM routing policies, 2 vLLM replicas")
     fig.tight_layout()
@@ -251,16 +285,19 @@ def main(argv: list[str] | None = None) -> dict:
                     help="each replica's KV cache as a share of all conversations' tokens")
     ap.add_argument("--repeats", type=int, default=1,
                     help="passes per policy, in ABBA order; a policy's figures pool its passes")
+    ap.add_argument("--systems", default=",".join([*POLICIES, *ROUTER_POLICIES]),
+                    help="comma-separated: the platform's policies and vllm-router's, by name")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 4 conversations of 300 words, 2 turns")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--name", default="llm_routing", help="the results' file names (JSON and plot)")
     args = ap.parse_args(argv)
     if args.quick:
         args.conversations, args.turns, args.context, args.hidden = 4, 2, 300, 128
     with tempfile.TemporaryDirectory(prefix="llm-routing-") as tmp:
         result = run(args.conversations, args.turns, args.streams, args.context, args.max_tokens, args.hidden,
-                     args.cache_share, Path(tmp), args.repeats)
+                     args.cache_share, Path(tmp), args.repeats, args.systems.split(","))
     print_table(result)
-    save(result, args.out, "llm_routing", plot)
+    save(result, args.out, args.name, plot)
     return result
 
 

@@ -36,14 +36,8 @@ class GenerationTimer:
         if self.finish_reason is None and choice.get("finish_reason"):
             self.finish_reason = str(choice["finish_reason"])
         delta = choice.get("delta")
-        if not (delta.get("content") or delta.get("tool_calls") if isinstance(delta, dict) else choice.get("text")):
-            return
-        now = time.perf_counter()
-        if self.last is None:
-            self.first = now
-        elif len(self.gaps) < MAX_GAPS:
-            self.gaps.append(now - self.last)
-        self.last = now
+        if delta.get("content") or delta.get("tool_calls") if isinstance(delta, dict) else choice.get("text"):
+            self.tokens(1)
 
     def tokens(self, count: int) -> None:
         """``count`` content chunks that arrived together and are passed on now (a read the relay passes on
