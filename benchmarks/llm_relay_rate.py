@@ -98,7 +98,7 @@ def _start(procs: Processes, env: dict[str, str], root: Path, recording: Path) -
                                 "--port", str(ports["passthrough"])], 1)
     procs.start("vllm-router", [str(Path(python).parent / "vllm-router"), "--worker-urls", replay, "--policy",
                                 "round_robin", "--host", "127.0.0.1", "--port", str(ports["router"]),
-                                "--log-level", "warning"], 1)
+                                "--log-level", "warning", "--prometheus-port", str(free_port())], 1)
     procs.start("control-plane", [python, "-m", "serving.cli.main", "control-plane"], 0)
     procs.start("statistics", [python, "-m", "serving.cli.main", "statistics"], 0)
     wait_http(f"{env['SERVING_CONTROL_PLANE_URL']}/health", 120, list(procs.procs.values()))

@@ -171,7 +171,8 @@ def start_router(stack: LLMStack, key: str, policy: str) -> tuple[subprocess.Pop
     port = free_port()
     log = open(stack.root / f"vllm-router-{policy}.log", "ab")
     proc = subprocess.Popen([str(Path(sys.executable).parent / "vllm-router"), "--worker-urls", *replicas,
-                             "--policy", policy, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                             "--policy", policy, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                             "--prometheus-port", str(free_port())],  # its default, 29000, fits one router a host
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_http(f"{url}/v1/models", 60, [proc])

@@ -3,7 +3,8 @@
 The worker keeps what it does for every endpoint (routing, keys, preprocess, statistics:
 serving/llm/relay/generation.py) and forwards the OpenAI request over HTTP (aiohttp, one pooled session
 per worker process: its C parser costs a streamed token about half the CPU httpx's stack did,
-measured in docs/benchmarks.md). Where a version's engines are (each may have several replicas, serving/llm/routing/replicas.py):
+measured in docs/benchmarks.md). Where a version's engines are (each may have several replicas,
+serving/llm/routing/replicas.py):
 
 - external: the endpoint's ``engine_options["url"]`` (an OpenAI base URL ending in ``/v1``, or
   several, comma-separated; names resolved to every address, serving/llm/routing/external.py), its
@@ -20,7 +21,8 @@ in the policy's order gets it, and the failed one is taken out until its ``/heal
 
 The request's ``model`` (what the client named: the endpoint, or ``endpoint/version``) is rewritten
 to the engine's served name on the way in, and back in answers and the engine's error messages. An
-engine that does not answer is a 503 with ``Retry-After``; what the engine refuses keeps its status and its OpenAI error (:class:`EngineRefused`).
+engine that does not answer is a 503 with ``Retry-After``; what the engine refuses keeps its status and its
+OpenAI error (:class:`EngineRefused`).
 Closing a stream (the client went away) closes the upstream connection, and vLLM aborts the generation.
 
 Pooled connections: vLLM's server closes a keep-alive connection idle for 5 s (uvicorn's

@@ -57,7 +57,7 @@ def split_model(model: str) -> tuple[str, int | None]:
 class Generation:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
-        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (llm/shadow_compare.py)
+        self.shadow = LlmShadow(dataplane.shadow, dataplane.engines)  # copies to a shadow version (shadow_compare.py)
 
     def is_llm(self, ep: EndpointRuntime) -> bool:
         return getattr(self.dataplane.engines.get(ep.engine), "kind", None) == "llm"
