@@ -98,7 +98,7 @@ class Generation:
                 stream = await engine.stream(target, route, upstream, hint)
                 life.hand_off()
                 timer = GenerationTimer(stats.t0, stream=True)
-                compare = (lambda texts: self.shadow.fire(copies, target, route, texts)) if copies is not None else None
+                compare = None if copies is None else (lambda texts: self.shadow.fire(copies, target, route, texts))
                 return Generated(target, events=self._relay(stream, life, wants_usage, timer, compare))
             answer = await engine.post(target, route, request, hint)
             stats.stage("inference")
