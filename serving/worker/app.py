@@ -32,6 +32,7 @@ from serving.worker.frontends.torchserve import torchserve_router
 from serving.worker.frontends.v2 import v2_router
 from serving.llm.relay.generation import Generation
 from serving.worker.pipeline import RequestSender
+from serving.worker.request_ids import RequestIds
 from serving.worker.stats_exchange import StatsExchange, group
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     _error_handlers(app)
     counts: dict[str, int] = {"internal_errors": 0}
     app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(LastResort, counts=counts)  # added last: outside ServeRoute
+    app.add_middleware(LastResort, counts=counts)  # outside ServeRoute
+    app.add_middleware(RequestIds)  # added last: outermost, so every answer has its X-Request-Id
     _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
     app.include_router(openai_router(generation, settings.max_body_bytes))

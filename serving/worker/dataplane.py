@@ -17,7 +17,7 @@ import numpy as np
 
 from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
-from serving.worker import canary_split
+from serving.worker import canary_split, request_ids
 from serving.worker.client_keys import ClientKeys
 from serving.embeddings.batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
@@ -199,6 +199,8 @@ class DataPlane:
                  "refused": reason}
         if client is not None:
             event["key"] = client
+        if request_ids.current() is not None:
+            event["request_id"] = request_ids.current()
         self.recorder.record(event)
 
     def _record(self, stats: RequestStats, status: int) -> None:
@@ -211,5 +213,7 @@ class DataPlane:
                  "stages": stats.stages, "custom": stats.custom}
         if stats.client is not None:
             event["key"] = stats.client
+        if stats.request_id is not None:
+            event["request_id"] = stats.request_id
         event.update(stats.extra)
         self.recorder.record(event)

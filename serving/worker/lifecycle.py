@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from preprocess.base import PreprocessError
+from serving.worker import request_ids
 from serving.worker.errors import ServingError, user_code_error
 
 CLIENT_CLOSED = 499  # the status a request's event gets when its client went away first
@@ -29,6 +30,7 @@ class RequestStats:
     t0: float = field(default_factory=time.perf_counter)
     version: int | None = None
     client: str | None = None  # the client key's name (never the key), when keys are required
+    request_id: str | None = field(default_factory=request_ids.current)  # its X-Request-Id (request_ids.py)
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # more event fields (an LLM request's usage, ttft_s)

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request, Response
 from preprocess.handler import HandlerProcessor
 from serving.torchserve.codec import HandlerAnswer, HandlerRequest, Parameter
 from serving.worker.dataplane import DataPlane
+from serving.worker import request_ids
 from serving.worker.errors import BadRequest, NotFound, ServingError, UnknownEndpoint
 from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, read_body
 from serving.worker.frontends.serve_rest import MAX_VERSION
@@ -57,7 +58,7 @@ async def handler_request(request: Request, limit: int, explain: bool, url_path:
         parameters = [Parameter("body", await read_body(request, limit), mime)]
     headers = dict(request.headers)
     headers.update({"explain": "True" if explain else "False", "url_path": url_path})
-    request_id = request.headers.get("x-request-id") or str(uuid.uuid4())
+    request_id = request_ids.current() or str(uuid.uuid4())  # the client's X-Request-Id, or the worker's
     return HandlerRequest(request_id=request_id, parameters=parameters, headers=headers)
 
 
