@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -50,77 +49,21 @@ import psutil
 from benchmarks import wrk_load
 from benchmarks.report import write_outputs
 from benchmarks.procs import REPO, child_env, run_threads
+from benchmarks.torchserve_answers import TOLERANCE, answers, check_answers
 from benchmarks.torchserve_archives import Workload, workload
+from benchmarks.torchserve_cpu import cpu_between, settle, snapshot
 from benchmarks.torchserve_report import console, markdown, plot, print_tables, summarize
 from benchmarks.torchserve_systems import (
-    PLATFORM_GRID, TORCHSERVE_1THREAD_GRID, TORCHSERVE_GRID, Variant, grid_id, java_and_cli, onnx_option, platform, role,
+    PLATFORM_GRID, TORCHSERVE_1THREAD_GRID, TORCHSERVE_GRID, Variant, grid_id, java_and_cli, onnx_option, platform,
     torchserve,
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SYSTEMS = ("torchserve", "torchserve-1thread", "platform", "platform-onnx", "ceiling")
 REFERENCE = ("torchserve", "w1-b1")  # whose answers the others must give
-TOLERANCE = 1e-5
 FOREIGN_LIMIT = 0.15  # share of the machine others may use during a level before it is measured again
 RETRIES = 2
 RETRY_PAUSE_S = 10.0
-
-
-# --- CPU accounting -----------------------------------------------------------------------------------
-
-@dataclass
-class Snapshot:
-    """CPU seconds of a system's processes (by pid, with their part), of the whole machine, of us."""
-
-    procs: dict[int, tuple[str, float]]
-    machine_busy_s: float
-    steal_s: float
-    own_s: float
-    at: float
-
-
-def _proc_cpu(proc: psutil.Process) -> float | None:
-    try:
-        times = proc.cpu_times()
-        return times.user + times.system
-    except psutil.Error:
-        return None
-
-
-def machine_cpu() -> tuple[float, float]:
-    """The machine's busy and stolen CPU seconds since boot, all cores (/proc/stat)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    tick = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq) / tick, steal / tick
-
-
-def snapshot(procs: list[psutil.Process]) -> Snapshot:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # wrk, once it has exited
-    busy, steal = machine_cpu()
-    found = {}
-    for proc in procs:
-        cpu = _proc_cpu(proc)
-        if cpu is not None:
-            found[proc.pid] = (role(proc), cpu)
-    return Snapshot(found, busy, steal, own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime,
-                    time.monotonic())
-
-
-def cpu_between(before: Snapshot, after: Snapshot) -> dict[str, Any]:
-    """Each part's CPU seconds between two snapshots (a process started meanwhile counts whole), and
-    what the rest of the machine used: busy time less this system's and this benchmark's own."""
-    parts: dict[str, float] = {}
-    for pid, (name, cpu) in after.procs.items():
-        parts[name] = parts.get(name, 0.0) + cpu - before.procs.get(pid, (name, 0.0))[1]
-    system = sum(parts.values())
-    wall = after.at - before.at
-    foreign = max(0.0, after.machine_busy_s - before.machine_busy_s - system - (after.own_s - before.own_s))
-    cores = os.cpu_count() or 1
-    return {"cpu_s": system, "cpu_s_by_part": {k: round(v, 3) for k, v in sorted(parts.items())},
-            "foreign_cpu_share": foreign / (wall * cores) if wall > 0 else 0.0,
-            "steal_share": (after.steal_s - before.steal_s) / (wall * cores) if wall > 0 else 0.0}
 
 
 # --- load ---------------------------------------------------------------------------------------------
@@ -209,19 +152,6 @@ def _measure_once(variant: Variant, files: list[Path], clients: int, load: Load)
     return level
 
 
-def settle(procs: list[psutil.Process], busy_cores: float = 0.15, timeout_s: float = 90.0) -> float:
-    """Wait until the system is idle again; the seconds it took. wrk closes its connections when its time is
-    up, but requests already queued are still computed (by TorchServe and the platform alike): a slow
-    configuration would otherwise go on taking the CPU while the next one is measured."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        before = sum(filter(None, map(_proc_cpu, procs)))
-        time.sleep(0.3)
-        if (sum(filter(None, map(_proc_cpu, procs))) - before) / 0.3 < busy_cores:
-            break
-    return round(time.monotonic() - started, 2)
-
-
 def line(level: dict) -> str:
     return (f"{level['system']} {level['variant']} at {level['concurrency']} clients: {level['rps']:.1f} req/s, "
             f"p50 {level['p50_ms']:.1f} ms, p99 {level['p99_ms']:.1f} ms, {level['cpu_ms_per_request']:.1f} CPU "
@@ -294,71 +224,6 @@ def record(variants: list[Variant], files: list[Path], clients: int, load: Load,
             "steal_share": float(np.mean([r["steal_share"] for r in runs])), "client": runs[0]["client"],
             "remeasured": sum(len(r.get("foreign_retries", ())) for r in runs)})
     return pooled
-
-
-# --- answers ------------------------------------------------------------------------------------------
-
-class Mismatch(ValueError):
-    pass
-
-
-def _max_diff(want: Any, have: Any, where: str = "answer") -> float:
-    """The largest difference between two JSON values of the same shape; Mismatch where they differ
-    otherwise (keys, lengths, types, strings) or a number by more than :data:`TOLERANCE`."""
-    if isinstance(want, bool) or isinstance(have, bool) or not isinstance(want, (int, float)):
-        if isinstance(want, dict) and isinstance(have, dict):
-            if set(want) != set(have):
-                raise Mismatch(f"{where}: keys {sorted(want)} against {sorted(have)}")
-            return max((_max_diff(want[k], have[k], f"{where}[{k!r}]") for k in want), default=0.0)
-        if isinstance(want, list) and isinstance(have, list):
-            if len(want) != len(have):
-                raise Mismatch(f"{where}: {len(want)} items against {len(have)}")
-            return max((_max_diff(a, b, f"{where}[{i}]") for i, (a, b) in enumerate(zip(want, have))), default=0.0)
-        if want != have:
-            raise Mismatch(f"{where}: {json.dumps(want)[:80]} against {json.dumps(have)[:80]}")
-        return 0.0
-    if not isinstance(have, (int, float)) or isinstance(have, bool):
-        raise Mismatch(f"{where}: {want} against {json.dumps(have)[:80]}")
-    diff = abs(float(want) - float(have))
-    if diff > TOLERANCE:
-        raise Mismatch(f"{where}: {want} against {have} (differs by {diff:.3g})")
-    return diff
-
-
-def compare(want: str, have: str) -> dict:
-    """One answer against the reference's: equal as JSON within the tolerance, and the largest
-    difference; ``identical`` when the bytes are the same."""
-    out: dict[str, Any] = {"identical": want == have}
-    try:
-        out["max_abs_diff"] = _max_diff(json.loads(want), json.loads(have))
-        out["equal"] = True
-    except json.JSONDecodeError:
-        out.update(equal=want == have, max_abs_diff=None if want == have else float("inf"),
-                   problem=None if want == have else "not JSON, and not the same bytes")
-    except Mismatch as exc:
-        out.update(equal=False, max_abs_diff=None, problem=str(exc))
-    return out
-
-
-def answers(url: str, inputs: dict[str, bytes]) -> dict[str, str]:
-    """Each input's answer, one request at a time (a batch of one everywhere)."""
-    out = {}
-    with httpx.Client(timeout=300) as http:
-        for name, body in inputs.items():
-            answer = http.put(url, content=body)
-            if answer.status_code != 200:
-                raise RuntimeError(f"{url} answered {answer.status_code} to {name}: {answer.text[:300]}")
-            out[name] = answer.text
-    return out
-
-
-def check_answers(reference: dict[str, str], got: dict[str, str]) -> dict:
-    """Every input's answer against the reference's: all equal, the largest difference, the first problem."""
-    results = {name: compare(reference[name], got[name]) for name in reference}
-    diffs = [r["max_abs_diff"] for r in results.values() if r.get("max_abs_diff") is not None]
-    problems = [f"{name}: {r['problem']}" for name, r in results.items() if r.get("problem")]
-    return {"equal": all(r["equal"] for r in results.values()), "max_abs_diff": max(diffs) if diffs else None,
-            "identical": all(r["identical"] for r in results.values()), "problem": problems[0] if problems else None}
 
 
 # --- the ceiling --------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks import wrk_load
-from benchmarks.torchserve import RESULTS_DIR, console, cpu_between, snapshot, start_systems
+from benchmarks.torchserve import RESULTS_DIR, console, start_systems
+from benchmarks.torchserve_cpu import cpu_between, snapshot
 from benchmarks.torchserve_archives import workload
 from benchmarks.torchserve_systems import role
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import torchserve as bench
+from benchmarks import torchserve_answers, torchserve_cpu
 from benchmarks.torchserve_report import summarize
 from benchmarks.torchserve_systems import java_and_cli, onnx_option
 from tests.support.ci import cannot_run
@@ -21,16 +22,17 @@ REQUESTS = 50  # psutil reads CPU in clock ticks (10 ms): a few mnist requests c
 
 def test_answers_are_compared_as_json_within_the_tolerance() -> None:
     want = json.dumps({"class_1": 0.25, "class_2": 0.125}, indent=2)
-    same = bench.compare(want, json.dumps({"class_2": 0.125 + 4e-6, "class_1": 0.25}))
+    same = torchserve_answers.compare(want, json.dumps({"class_2": 0.125 + 4e-6, "class_1": 0.25}))
     assert same["equal"] and not same["identical"] and math.isclose(same["max_abs_diff"], 4e-6, rel_tol=1e-3)
-    assert bench.compare(want, want) == {"identical": True, "max_abs_diff": 0.0, "equal": True}
-    too_far = bench.compare(want, json.dumps({"class_1": 0.25, "class_2": 0.126}))
+    assert torchserve_answers.compare(want, want) == {"identical": True, "max_abs_diff": 0.0, "equal": True}
+    too_far = torchserve_answers.compare(want, json.dumps({"class_1": 0.25, "class_2": 0.126}))
     assert not too_far["equal"] and "class_2" in too_far["problem"]
-    other_class = bench.compare(want, json.dumps({"class_1": 0.25, "class_3": 0.125}))
+    other_class = torchserve_answers.compare(want, json.dumps({"class_1": 0.25, "class_3": 0.125}))
     assert not other_class["equal"] and "keys" in other_class["problem"]
-    assert not bench.compare("[7]", "[7, 1]")["equal"] and not bench.compare("7", "true")["equal"]
-    assert not bench.compare("not json", "other text")["equal"] and bench.compare("text", "text")["equal"]
-    checked = bench.check_answers({"a": "[1.0]", "b": "[2.0]"}, {"a": "[1.000002]", "b": "[3.0]"})
+    compare = torchserve_answers.compare
+    assert not compare("[7]", "[7, 1]")["equal"] and not compare("7", "true")["equal"]
+    assert not compare("not json", "other text")["equal"] and compare("text", "text")["equal"]
+    checked = torchserve_answers.check_answers({"a": "[1.0]", "b": "[2.0]"}, {"a": "[1.000002]", "b": "[3.0]"})
     assert not checked["equal"] and checked["problem"].startswith("b:") and math.isclose(checked["max_abs_diff"], 2e-6,
                                                                                          rel_tol=1e-3)
 
@@ -57,13 +59,13 @@ def test_targets_are_ratios_to_torchserves_best_at_each_client_count() -> None:
 
 
 def test_cpu_between_counts_each_part_and_the_rest_of_the_machine() -> None:
-    before = bench.Snapshot({1: ("workers", 1.0), 2: ("handler processes", 5.0)}, 100.0, 0.0, 3.0, 10.0)
-    after = bench.Snapshot({1: ("workers", 1.5), 2: ("handler processes", 6.0), 3: ("handler processes", 0.5)},
+    before = torchserve_cpu.Snapshot({1: ("workers", 1.0), 2: ("handler processes", 5.0)}, 100.0, 0.0, 3.0, 10.0)
+    after = torchserve_cpu.Snapshot({1: ("workers", 1.5), 2: ("handler processes", 6.0), 3: ("handler processes", 0.5)},
                            103.0, 0.1, 3.5, 11.0)
-    cpu = bench.cpu_between(before, after)
+    cpu = torchserve_cpu.cpu_between(before, after)
     assert cpu["cpu_s"] == pytest.approx(2.0)
     assert cpu["cpu_s_by_part"] == {"handler processes": 1.5, "workers": 0.5}
-    cores = bench.os.cpu_count()
+    cores = torchserve_cpu.os.cpu_count()
     assert cpu["foreign_cpu_share"] == pytest.approx((3.0 - 2.0 - 0.5) / cores)
 
 
