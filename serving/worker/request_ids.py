@@ -1,6 +1,7 @@
-"""Every request's id, on every HTTP front end: the client's own ``X-Request-Id`` when it sends a usable
-one, else a new one; returned in the answer's ``X-Request-Id`` and carried in the request's statistics
-event (``request_id``), so that a client, a log line and an event name the same request.
+"""Every request's id, on every front end: the client's own ``X-Request-Id`` when it sends a usable one
+(over gRPC, the ``x-request-id`` metadata), else a new one; returned in the answer's ``X-Request-Id``
+(gRPC: initial metadata) and carried in the request's statistics event (``request_id``), so that a
+client, a log line and an event name the same request.
 
 Why an ASGI layer and a context variable: the id must be on every answer (errors from any front end,
 streams, the OpenAI and TEI APIs alike) and reach the one request lifecycle (lifecycle.py) without each
@@ -12,8 +13,9 @@ UUID in its usual 36-character form, as TorchServe writes its own.
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Iterator
 
 HEADER = b"x-request-id"
 MAX_LENGTH = 128
@@ -30,12 +32,21 @@ def usable(value: bytes) -> bool:
     return 0 < len(value) <= MAX_LENGTH and all(0x21 <= b <= 0x7E for b in value)
 
 
-def chosen(headers: list[tuple[bytes, bytes]]) -> str:
-    """The client's id when usable, else a new one."""
-    for name, value in headers:
-        if name.lower() == HEADER:
-            return value.decode("ascii") if usable(value) else str(uuid.uuid4())
-    return str(uuid.uuid4())
+def choose(given: bytes | str | None) -> str:
+    """The client's id (a header's bytes, or gRPC metadata's text) when usable, else a new one."""
+    if isinstance(given, str):
+        given = given.encode("utf-8")  # not ASCII: unusable below
+    return given.decode("ascii") if given is not None and usable(given) else str(uuid.uuid4())
+
+
+@contextmanager
+def serving(request_id: str) -> Iterator[str]:
+    """``request_id`` is the current request's while the block runs (its statistics event reads it)."""
+    token = _current.set(request_id)
+    try:
+        yield request_id
+    finally:
+        _current.reset(token)
 
 
 class RequestIds:
@@ -48,7 +59,8 @@ class RequestIds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = chosen(scope.get("headers") or [])
+        given = next((value for name, value in scope.get("headers") or [] if name.lower() == HEADER), None)
+        request_id = choose(given)
         header = (HEADER, request_id.encode("ascii"))
 
         async def with_id(message: dict) -> None:
@@ -57,8 +69,5 @@ class RequestIds:
                 message = {**message, "headers": [*headers, header]}
             await send(message)
 
-        token = _current.set(request_id)
-        try:
+        with serving(request_id):
             await self.app(scope, receive, with_id)
-        finally:
-            _current.reset(token)

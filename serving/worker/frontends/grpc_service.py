@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from serving.worker import request_ids
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError, UnknownEndpoint
 from serving.worker.frontends.grpc_codec import decode_infer_request, encode_infer_response
@@ -57,7 +58,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.dataplane = dataplane
 
     async def _answer(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]]) -> T:
-        """Run one call; errors become statuses, never UNKNOWN with a traceback."""
+        """Run one call under its request id (request_ids.py: the ``x-request-id`` metadata when usable, else a
+        new one, sent back in the initial metadata); errors become statuses, never UNKNOWN with a traceback."""
+        name = request_ids.HEADER.decode()
+        with request_ids.serving(request_ids.choose(_metadata(context).get(name))) as rid:
+            await context.send_initial_metadata(((name, rid),))
+            return await self._run(context, work)
+
+    async def _run(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]]) -> T:
         try:
             return await work()
         except ServingError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 
 import grpc
 import numpy as np
@@ -227,3 +228,26 @@ def test_the_docs_grpc_example_runs_as_written(worker, capsys):
     exec(block.replace("localhost:9091", worker.grpc).replace('"sentiment"', '"clf"'), {})
     out = capsys.readouterr().out
     assert "True" in out and "logits" in out and out.rstrip().endswith(" 1")  # model_version 1 printed last
+
+
+def test_model_calls_answer_with_their_request_id_in_the_initial_metadata(worker):
+    """serving/worker/request_ids.py over gRPC: the client's ``x-request-id`` metadata when usable, else a new
+    UUID, on answers and on errors alike."""
+    with grpc.insecure_channel(worker.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        infer = service_pb2.ModelInferRequest(model_name="tensors")
+        for name, value in tensor_feeds().items():
+            datatype = "BYTES" if value.dtype == np.object_ else "FP32"
+            infer.inputs.add(name=name, datatype=datatype, shape=list(value.shape))
+            infer.raw_input_contents.append(b"".join(len(v).to_bytes(4, "little") + v for v in value.ravel())
+                                            if datatype == "BYTES" else value.astype(np.float32).tobytes())
+        _, call = stub.ModelInfer.with_call(infer, metadata=(("x-request-id", "order-17/attempt-2"),))
+        assert dict(call.initial_metadata())["x-request-id"] == "order-17/attempt-2"
+        _, call = stub.ModelMetadata.with_call(service_pb2.ModelMetadataRequest(name="tensors"),
+                                               metadata=(("x-request-id", "two words"),))
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+                            dict(call.initial_metadata())["x-request-id"])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(service_pb2.ModelInferRequest(model_name="nope"), metadata=(("x-request-id", "mine-3"),))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # no inputs
+        assert dict(refused.value.initial_metadata())["x-request-id"] == "mine-3"
