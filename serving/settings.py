@@ -74,6 +74,10 @@ class WorkerSettings(CommonSettings):
     # holding the fewest; serving/worker/handoff.py) or "kernel" (a SO_REUSEPORT socket per process)
     worker_balance: Literal["connections", "kernel"] = "connections"
     worker_cache: Path | None = None
+    # told to stop (SIGTERM: a rolling upgrade, `serving up` stopping), a worker stops taking requests and gives
+    # those under way this long to finish before it cancels them (a cancelled one would answer 500); the Helm
+    # chart keeps it under the pod's terminationGracePeriodSeconds less its preStop sleep
+    worker_graceful_stop_s: float = 20.0
     max_body_bytes: int = 1_048_576
     # one Triton "host:port"; several: "host:port,host:port", or "dns:///name:port" (every address the name
     # resolves to, e.g. a headless Service's pods), spread and failed over (serving/worker/engines/triton_pool.py)

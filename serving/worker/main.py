@@ -105,6 +105,7 @@ def run_worker(settings: WorkerSettings, workers: int = 1) -> None:
         ensure_free(host, settings.worker_grpc_port, "SERVING_WORKER_GRPC_PORT (0 turns gRPC off)")
     config = uvicorn.Config("serving.worker.main:create_from_env", factory=True, host=host, port=port,
                             workers=max(1, workers), loop="uvloop", http="httptools",
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                            log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=settings.worker_graceful_stop_s,
                             timeout_worker_healthcheck=HEALTHCHECK_TIMEOUT_S)
     ReusePortProcesses(config, max(1, workers), settings.worker_grpc_port, settings.worker_balance).run()

@@ -394,3 +394,14 @@ def test_triton_values_that_cannot_work_are_refused():
                     {"triton": {"ports": {"readines": 8005}}}):
             with pytest.raises(helm.HelmValuesError):
                 chart.render(bad, name="demo")
+
+
+def test_a_terminating_workers_requests_get_the_grace_period_left_after_its_prestop_sleep():
+    """SERVING_WORKER_GRACEFUL_STOP_S: the pod's grace period, less the preStop sleep, less 5 s to exit in;
+    a request still running past it is cancelled (a 500), so it must not be cut at uvicorn's few seconds."""
+    worker = next(d for d in find(manifests("default"), "Deployment") if d["metadata"]["name"].endswith("-worker"))
+    pod = worker["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "worker"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    (sleep,) = [int(c) for c in container["lifecycle"]["preStop"]["exec"]["command"][1:]]  # ["sleep", "5"]
+    assert float(env["SERVING_WORKER_GRACEFUL_STOP_S"]) == pod["terminationGracePeriodSeconds"] - sleep - 5 > 2
