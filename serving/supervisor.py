@@ -222,7 +222,9 @@ class Supervisor:
         child.restarts += 1
         console.print(f"[green]restarted[/green] {child.name} (pid {child.proc.pid}, restart {child.restarts})")
 
-    def stop_all(self, timeout: float = 15.0) -> None:
+    def stop_all(self, timeout: float = 30.0) -> None:
+        """SIGTERM to every child, SIGKILL to one still there after ``timeout`` (a worker gives its requests
+        under way SERVING_WORKER_GRACEFUL_STOP_S, 20 s by default, to finish)."""
         for child in reversed(self.children):
             if child.proc and child.proc.poll() is None:
                 _signal_group(child.proc.pid, signal.SIGTERM)

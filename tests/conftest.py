@@ -18,6 +18,10 @@ _SHM_FOUND = pytest.StashKey[list[str]]()
 # Every worker binds its gRPC port (default 9091); tests start many workers at once (and several
 # engineers' suites share a machine), so gRPC is off unless a test passes a free port of its own.
 os.environ.setdefault("SERVING_WORKER_GRPC_PORT", "0")
+# A stopping worker waits for its requests under way (SERVING_WORKER_GRACEFUL_STOP_S, 20 s by default, what a
+# pod's grace period allows); the suite's stacks are stopped within 15 s before being killed, so theirs wait 5
+# (tests/serving/worker/test_graceful_stop.py sets its own).
+os.environ.setdefault("SERVING_WORKER_GRACEFUL_STOP_S", "5")
 # Likewise every control plane serves TorchServe's management API on 8081 by default: off in tests
 # unless one passes a free port (tests/registry/test_torchserve_api.py).
 os.environ.setdefault("SERVING_TORCHSERVE_MANAGEMENT_PORT", "0")
