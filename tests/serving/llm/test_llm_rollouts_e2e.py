@@ -194,6 +194,14 @@ def ask(base: str, endpoint: str, prompt: str, stream: bool) -> str:
         return "".join(text)
 
 
+def shadow_figures(stack, proxy) -> str:
+    """What a timeout needs to say: the statistics' shadow series (copies by status, dropped, agreement)
+    and how many copies reached the shadow's engine through the proxy."""
+    text = httpx.get(f"{stack.statistics_url()}/metrics", timeout=5).text
+    lines = [line for line in text.splitlines() if "shadow" in line and not line.startswith("#")]
+    return "\n".join([*lines, f"copies at the shadow's engine (proxy): {len(proxy.arrivals)}"])
+
+
 def test_shadow_agreement_is_1_for_the_same_model_and_below_for_another(llm):
     stack, base = llm["stack"], llm["base"]
     count = "serving_llm_shadow_agreement_count"
@@ -204,7 +212,8 @@ def test_shadow_agreement_is_1_for_the_same_model_and_below_for_another(llm):
             ask(base, endpoint, prompt, stream=bool(i % 2))  # plain answers and streams alike
     for endpoint in ("chat", "same"):
         wait_until(lambda: metric(stack, count, endpoint, 2) - before[endpoint] == len(PROMPTS), 120,
-                   f"{endpoint}'s shadow copies compared")
+                   f"{endpoint}'s shadow copies compared",
+                   on_timeout=lambda: shadow_figures(stack, llm["proxy"]))
     same = metric(stack, "serving_llm_shadow_agreement_sum", "same", 2) - sums["same"]
     other = metric(stack, "serving_llm_shadow_agreement_sum", "chat", 2) - sums["chat"]
     assert same == len(PROMPTS)  # greedy: every copy's text equal to the live one's
