@@ -199,8 +199,9 @@ class DataPlane:
                  "refused": reason}
         if client is not None:
             event["key"] = client
-        if request_ids.current() is not None:
-            event["request_id"] = request_ids.current()
+        request_id = request_ids.current()
+        if request_id is not None:
+            event["request_id"] = request_id
         self.recorder.record(event)
 
     def _record(self, stats: RequestStats, status: int) -> None:
