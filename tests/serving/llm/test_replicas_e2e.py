@@ -140,14 +140,14 @@ def test_two_replicas_each_on_a_core_of_its_own_answer_as_transformers(llm, toke
 
 def test_session_keeps_each_conversation_on_one_replica(llm):
     homes: dict[str, set[int]] = {}
-    for turn in range(3):
-        for user in range(8):
+    for turn in range(2):
+        for user in range(24):  # the replicas' ports are random: all 24 on one of 2 with p = 2^-23 < 1.2e-7
             header = {"X-Session-Id": f"s{user}"} if user % 2 else {}
             body = {} if user % 2 else {"user": f"u{user}"}  # the header, or OpenAI's user field
             homes.setdefault(str(user), set()).add(where(llm, lambda: complete(
                 llm, "sess", f"turn {turn} of {user}", headers=header, **body)))
     assert all(len(h) == 1 for h in homes.values()), homes
-    assert {h for hs in homes.values() for h in hs} == {0, 1}, f"8 sessions use both replicas: {homes}"
+    assert {h for hs in homes.values() for h in hs} == {0, 1}, f"24 sessions use both replicas: {homes}"
 
 
 def conversation(c: int, turns: int) -> str:
@@ -220,12 +220,10 @@ def session_homes(stack, per_replica: int) -> dict[int, list[str]]:
     raise AssertionError(f"64 session ids did not fill both replicas: {homes}")
 
 
-def test_kill_9_of_one_replica_fails_only_its_streams_and_it_comes_back(llm, tokenizer):
-    """8 long streams, 4 on each replica, placed by the ``session`` policy so that the test knows where
-    each runs (the engines' own gauges cannot tell on a loaded 2-core machine: a replica's /metrics took
-    12 s to answer, and meanwhile one replica ran its streams at 50x the other's rate). The replica
-    killed is the one whose streams are all generating and none finished; its streams must fail and
-    only they."""
+def kill_one_under_load(llm) -> tuple[dict[int, list[str]], int, int, list[int]]:
+    """8 long streams, 4 on each replica; ``kill -9`` of the replica whose 4 streams the client sees
+    generating and none finished; 4 new requests meanwhile. The streams' outcomes, the victim, its pid
+    and the new requests' statuses."""
     url = f"{llm.worker_url()}/serve/openai/v1/completions"
     homes = session_homes(llm, 4)
 
@@ -254,13 +252,40 @@ def test_kill_9_of_one_replica_fails_only_its_streams_and_it_comes_back(llm, tok
             outcomes = {home: list(await asyncio.gather(*tasks)) for home, tasks in streams.items()}
             return outcomes, victim, pid, after
 
-    outcomes, victim, pid, after = asyncio.run(scenario())
-    assert all(o.startswith("failed") for o in outcomes[victim]), outcomes
-    assert outcomes[1 - victim] == ["done"] * 4, outcomes
-    assert after == [200] * 4
+    return asyncio.run(scenario())
+
+
+def wait_back(llm, victim: int, pid: int) -> None:
     wait_until(lambda: replicas(llm)[victim]["state"] == "starting", 30, "the death noticed")
     wait_until(lambda: replicas(llm)[victim]["state"] == "ready", START_S, "the replica back", interval=1)
     assert pid_of(replicas(llm)[victim]["url"]) != pid
+
+
+@pytest.mark.timeout(3 * START_S)  # a round more than the first waits for a replica to start again
+def test_kill_9_of_one_replica_fails_only_its_streams_and_it_comes_back(llm, tokenizer):
+    """8 long streams, 4 on each replica, placed by the ``session`` policy so that the test knows where
+    each runs (the engines' own gauges cannot tell on a loaded 2-core machine: a replica's /metrics took
+    12 s to answer, and meanwhile one replica ran its streams at 50x the other's rate). The replica
+    killed is the one whose streams the client sees generating and none finished; its streams must fail
+    and only they.
+
+    What the client sees lags the engine: under CI's load a replica once finished all 4 of its streams
+    (1,948 tokens each) before the client had read their second token, and the kill found nothing
+    running. Those streams were answered whole, rightly ("done": the relay fails a stream whose engine
+    connection is cut, tests/serving/llm/engines/test_openai_stream.py), so such a round proves nothing
+    about failing streams: the test waits for the replica to come back and kills again, at most 3
+    rounds."""
+    rounds = []
+    for _ in range(3):
+        outcomes, victim, pid, after = kill_one_under_load(llm)
+        rounds.append(outcomes)
+        assert outcomes[1 - victim] == ["done"] * 4, outcomes
+        assert after == [200] * 4
+        wait_back(llm, victim, pid)
+        if any(o.startswith("failed") for o in outcomes[victim]):
+            break
+    else:
+        pytest.fail(f"in 3 rounds the killed replica had always finished its streams already: {rounds}")
     homes = {where(llm, lambda: complete(llm, "rr", "back again")) for _ in range(4)}
     assert homes == {0, 1}, "the restarted replica gets requests again"
     wait_until(lambda: [r["adapters"] for r in replicas(llm)] == [["bot:1"], ["bot:1"]], 60,

@@ -237,11 +237,11 @@ def test_session_routing_keeps_a_session_on_one_engine(monkeypatch):
         try:
             homes: dict[str, set[str]] = {}
             for turn in range(3):
-                for user in range(12):
+                for user in range(48):  # the engines' ports are random: all 48 miss one of 3 with p = 3(2/3)^48 < 1e-8
                     text = await complete(worker, t, f"u{user}", RouteHint(session=f"user-{user}"))
                     homes.setdefault(f"user-{user}", set()).add(text.split("@")[1])
             assert all(len(ports) == 1 for ports in homes.values()), homes
-            assert len({p for ports in homes.values() for p in ports}) == 3, "12 sessions use the three engines"
+            assert len({p for ports in homes.values() for p in ports}) == 3, "48 sessions use the three engines"
         finally:
             await worker.close()
             for e in engines:
