@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 UNLOAD_GRACE_S = 5.0
 DRAIN_S = 300.0            # a replaced engine's requests get this long to finish (replacement.py)
 CRASH_WINDOW_S = 900.0     # an engine takes about 45 s to start: a crash loop is slow
+VIEW_WAIT_S = 0.5          # GET /engines answers the last map past this wait for the tick (view())
 
 
 @dataclass
@@ -141,6 +142,7 @@ class Launcher:
         self.replacements = Replacements(self._stop_replica, UNLOAD_GRACE_S, DRAIN_S)
         self.adapters = AdapterFolders(artifact_path, self.unpack_root)
         self.lock = threading.RLock()
+        self._last_view: dict[str, Any] = {"engines": {}}
         self.closed = False
 
     # --- what the snapshot asks for -------------------------------------------------
@@ -331,10 +333,19 @@ class Launcher:
 
     # --- what others read ---------------------------------------------------------------
     def view(self) -> dict[str, Any]:
-        """``GET /engines``: the engines of deployed versions (stopping ones are left out)."""
-        with self.lock:
-            return {"engines": {k: self.replacements.serving(e).view() for k, e in self.engines.items()
-                                if k in self.wanted}}
+        """``GET /engines``: the engines of deployed versions (stopping ones are left out).
+
+        Never waits long for the tick: a tick holds the lock while it stops an engine (up to 15 s) or
+        forks one, and every worker reads this map. Past ``VIEW_WAIT_S`` the last map read is answered:
+        at most one tick old, as any read of it is by the time a worker acts on it."""
+        if not self.lock.acquire(timeout=VIEW_WAIT_S):
+            return self._last_view
+        try:
+            self._last_view = {"engines": {k: self.replacements.serving(e).view() for k, e in self.engines.items()
+                                           if k in self.wanted}}
+            return self._last_view
+        finally:
+            self.lock.release()
 
     def readiness(self) -> dict[str, Any]:
         """Engines none of whose replicas can serve, and adapters an engine refused, with why."""

@@ -62,3 +62,34 @@ def test_an_engine_past_the_memory_budget_waits_with_the_figures(tmp_path):
     assert engine["error"].startswith("waiting for memory: the engines' budget is 100 MB"), engine
     assert "this one needs about 4424 MB" in engine["error"]
     l.close()
+
+
+def test_the_map_is_answered_while_a_tick_holds_the_lock(tmp_path, monkeypatch):
+    """A tick may hold the lock for seconds (an engine stopping waits up to 15 s): meanwhile every
+    worker's GET /engines gets the last map, after at most VIEW_WAIT_S, not a timeout."""
+    import threading
+    import time
+
+    monkeypatch.setattr("serving.llm.launch.launcher.UNLOAD_GRACE_S", 0.0)
+    l = launcher(tmp_path, vllm_python=tmp_path / "no-such-python")
+    l.apply(snapshot("c" * 64))
+    before = settle(l)
+    held, release = threading.Event(), threading.Event()
+
+    def long_tick():
+        with l.lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=long_tick)
+    thread.start()
+    try:
+        held.wait(5)
+        t0 = time.monotonic()
+        during = l.view()
+        waited = time.monotonic() - t0
+    finally:
+        release.set()
+        thread.join()
+    assert during == {"engines": {KEY: before}}, "the last map read"
+    assert 0.4 <= waited < 2.0, waited
