@@ -42,7 +42,7 @@ def endpoint_out(ep: Endpoint) -> dict:
     return {
         "name": ep.name, "engine": ep.engine, "preprocess": ep.preprocess, "batching": ep.batching,
         "log_freq": ep.log_freq, "io": ep.io or {}, "auto_update": ep.auto_update or {},
-        "engine_options": ep.engine_options or {},
+        "engine_options": ep.engine_options or {}, "prediction_log": ep.prediction_log,
         "targets": [{"model": t.model.name, "version": t.model.version, "weight": t.weight, "role": t.role,
                      **({"served_by": served_by(t.model.name, t.model.version, ep.engine_options, t.model.signature)}
                         if ep.engine in LLM_ENGINES else {})}
@@ -229,6 +229,13 @@ def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: A
     def log_freq(name: str, req: schemas.LogFreq):
         registry.set_log_freq(name, req.log_freq)
         return {"endpoint": name, "log_freq": req.log_freq}
+
+    @app.put("/endpoints/{name}/prediction-log")
+    def prediction_log(name: str, req: schemas.PredictionLog):
+        """What the prediction log keeps of the endpoint's requests (docs/prediction-log.md); audited."""
+        settings = req.stored()
+        registry.set_prediction_log(name, settings)
+        return {"endpoint": name, "prediction_log": settings}
 
     @app.post("/endpoints/{name}/metrics", status_code=201)
     def add_metric(name: str, req: schemas.MetricCreate):

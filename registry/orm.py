@@ -43,6 +43,7 @@ class Endpoint(Base):
     io: Mapped[dict] = mapped_column(JSON, default=dict)  # declared inputs/outputs, bound by name
     auto_update: Mapped[dict] = mapped_column(JSON, default=dict)  # {"model", "max_versions", "weights"}
     engine_options: Mapped[dict] = mapped_column(JSON, default=dict)  # engine vllm: checked options (serving/llm)
+    prediction_log: Mapped[dict | None] = mapped_column(JSON, nullable=True)  # serving/prediction_log: null is off
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     targets: Mapped[list["EndpointTarget"]] = relationship(

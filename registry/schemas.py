@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from serving.llm.naming import LLM_ENGINES
+from serving.prediction_log.policy import FIELDS as LOG_FIELDS, MAX_INPUT_BYTES, check_fields, check_patterns
 from serving.triton.naming import SAFE_NAME
 
 MAX_VERSION = 2**31 - 1  # model versions are 32-bit integers in the database
@@ -304,6 +305,35 @@ class MetricCreate(BaseModel):
 
 class LogFreq(BaseModel):
     log_freq: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+
+
+class PredictionLog(BaseModel):
+    """``serving endpoint log``: the share of requests the prediction log keeps, what of each, and what
+    to hide (serving/prediction_log/policy.py). ``sample`` 0 turns it off."""
+
+    sample: float = Field(ge=0.0, le=100.0, allow_inf_nan=False, description="percent of requests logged")
+    fields: list[str] | None = Field(None, description=f"kept besides the request's identity, of {', '.join(LOG_FIELDS)}; "
+                                                       "omitted: all")
+    redact: list[str] = Field(default_factory=list, description="regular expressions; matches become [REDACTED]")
+    max_bytes: int = Field(MAX_INPUT_BYTES, ge=256, le=16 * 1_048_576,
+                           description="inputs or outputs whose JSON is longer are summarized")
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else check_fields(value)
+
+    @field_validator("redact")
+    @classmethod
+    def _redact(cls, value: list[str]) -> list[str]:
+        return check_patterns(value)
+
+    def stored(self) -> dict | None:
+        """What the registry keeps and pushes: None when off."""
+        if self.sample == 0:
+            return None
+        return {"sample": self.sample, "fields": self.fields or list(LOG_FIELDS), "redact": self.redact,
+                "max_bytes": self.max_bytes}
 
 
 class RolloutStart(BaseModel):

@@ -414,6 +414,13 @@ class Registry:
 
         self._write(set_freq, f"setting the log frequency of endpoint {name}")
 
+    def set_prediction_log(self, name: str, settings: dict | None) -> None:
+        def set_log(s: Session) -> None:
+            self._endpoint(s, name).prediction_log = settings
+            s.flush()
+
+        self._write(set_log, f"setting the prediction log of endpoint {name}")
+
     # --- metric definitions -----------------------------------------------------------
     def add_metric(self, endpoint: str, req: schemas.MetricCreate) -> None:
         def add(s: Session) -> None:

@@ -28,6 +28,7 @@ def _endpoint(ep: Endpoint) -> dict:
         "batching": ep.batching, "targets": [_target(t) for t in ep.targets],
         "metrics": [_metric(m) for m in ep.metrics], "log_freq": ep.log_freq, "io": ep.io or {},
         "engine_options": ep.engine_options or {},
+        "prediction_log": ep.prediction_log,
     }
 
 

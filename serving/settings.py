@@ -91,6 +91,13 @@ class WorkerSettings(CommonSettings):
     statistics_host: str = "127.0.0.1"
     statistics_port: int = 9999
     statistics_enabled: bool = True  # off only to measure what recording costs
+    # the prediction log (docs/prediction-log.md): where the records of endpoints that log go
+    prediction_log_sink: Literal["files", "kafka", "off"] = "files"
+    prediction_log_dir: Path | None = None  # files: default <home>/predictions
+    prediction_log_topic: str = "serving-predictions"  # kafka: compose and Helm name one per deployment
+    prediction_log_max_queue: int = 10_000  # records held while the sink is slow or down; past it dropped, counted
+    prediction_log_file_mb: int = 64        # files: a new file past this size
+    prediction_log_keep_files: int = 20     # files: per worker process; the oldest past this are deleted
     ort_threads: int = 1             # onnxruntime engine: intra-op threads of one inference
     ort_parallel: int = 0            # onnxruntime engine: inferences at once per process; 0: one per core
     torch_threads: int = 1           # torch engine: intra-op threads (torch.set_num_threads) of each worker process
@@ -106,6 +113,9 @@ class WorkerSettings(CommonSettings):
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"
+
+    def resolved_prediction_log_dir(self) -> Path:
+        return self.prediction_log_dir or self.home / "predictions"
 
     def resolved_pipeline_url(self) -> str:
         host = "127.0.0.1" if self.worker_host in ("0.0.0.0", "::", "") else self.worker_host

@@ -90,7 +90,7 @@ def test_the_check_sees_a_circle_hidden_in_a_function(tmp_path):
 # The control plane's side never imports the workers': the registry and the LLM package's control-plane
 # parts (the engine launcher, adapters' checks, names) are below them.
 LOWER = ("registry", "serving.llm.launch", "serving.llm.adapters", "serving.llm.checks", "serving.llm.naming",
-         "serving.llm.folder", "serving.llm.routing.names")
+         "serving.llm.folder", "serving.llm.routing.names", "serving.prediction_log")
 # The LLM and embeddings packages' worker parts use the worker's core (errors, runtime, the data plane, and
 # the front ends' shared toolkit, frontends/body.py) but never the app that assembles them, nor another
 # protocol's front end.

@@ -236,3 +236,43 @@ def reference_reset(endpoint: str = typer.Option(..., "--endpoint"), variable: s
     """Forget the reference: the next values the version reports form a new one."""
     _statistics_call("reset_reference", statistics_url, endpoint, version, variable)
     console.print(f"{endpoint} v{version} {variable}: reference reset")
+
+
+def _sample(text: str) -> float:
+    try:
+        value = float(text.strip().rstrip("%"))
+    except ValueError:
+        raise typer.BadParameter(f"'{text}' must look like 10%", param_hint="--sample") from None
+    if not 0 <= value <= 100:
+        raise typer.BadParameter("the share must be between 0% and 100%", param_hint="--sample")
+    return value
+
+
+@endpoint_app.command("log")
+def endpoint_log(
+    ctx: typer.Context,
+    endpoint: str = typer.Option(..., "--endpoint"),
+    sample: Optional[str] = typer.Option(None, help="share of requests logged, e.g. 10% or 100%"),
+    off: bool = typer.Option(False, "--off", help="log nothing more of this endpoint"),
+    field: list[str] = typer.Option([], help="kept besides the request's identity (repeatable): inputs, outputs, "
+                                           "error, client, usage; default: all"),
+    redact: list[str] = typer.Option([], help="a regular expression whose matches are stored as [REDACTED] (repeatable)"),
+    max_bytes: int = typer.Option(65_536, help="inputs or outputs longer than this (as JSON) are summarized"),
+    json_: bool = typer.Option(False, "--json"),
+) -> None:
+    """Keep what an endpoint's requests asked and were answered: the prediction log (docs/prediction-log.md)."""
+    if off == (sample is not None):
+        raise typer.BadParameter("give either --sample 10% or --off", param_hint="--sample")
+    body = {"sample": 0.0 if off else _sample(sample or ""), "fields": field or None, "redact": redact,
+            "max_bytes": max_bytes}
+    out = ctx.obj.request("PUT", f"/endpoints/{endpoint}/prediction-log", json=body)
+    if json_:
+        show(out, [], True)
+        return
+    settings = out["prediction_log"]
+    if settings is None:
+        console.print(f"{endpoint}: prediction log off")
+        return
+    redacted = f", redacting {len(settings['redact'])} pattern(s)" if settings["redact"] else ""
+    console.print(f"{endpoint}: logging {settings['sample']:g}% of requests ({', '.join(settings['fields'])})"
+                  f"{redacted}")

@@ -82,6 +82,7 @@ class StatisticsEvent:
     llm: LlmTiming | None = None  # a generation request's timings and token counts
     embedding: EmbeddingCounts | None = None  # an encoder request's texts, tokens and batches
     torchserve: TorchServeTiming | None = None  # a TorchServe archive's request: its batch, queue time, metrics
+    prediction_log: "PredictionLogCounts | None" = None  # a worker's prediction-log counts, not a request
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -101,7 +102,17 @@ class StatisticsEvent:
             out["embedding"] = self.embedding.to_dict()
         if self.torchserve is not None:
             out["torchserve"] = self.torchserve.to_dict()
+        if self.prediction_log is not None:
+            out["prediction_log"] = {"written": self.prediction_log.written, "dropped": self.prediction_log.dropped}
         return out
+
+
+@dataclass(frozen=True)
+class PredictionLogCounts:
+    """Records a worker process wrote to its prediction log's sink, and dropped, since its last report."""
+
+    written: int = 0
+    dropped: int = 0
 
 
 @dataclass(frozen=True)
@@ -238,7 +249,19 @@ def parse_event(raw: Any) -> StatisticsEvent:
         key=_label(raw.get("key"), "key"), refused=_label(raw.get("refused"), "refused"),
         model_state=_model_state(raw.get("model_state")), llm=parse_llm(raw.get("llm")),
         embedding=parse_embedding(raw.get("embedding")), torchserve=parse_torchserve(raw.get("torchserve")),
+        prediction_log=_prediction_log(raw.get("prediction_log")),
     )
+
+
+def _prediction_log(value: Any) -> PredictionLogCounts | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise EventError("prediction_log is not an object")
+    counts = [value.get("written", 0), value.get("dropped", 0)]
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        raise EventError(f"prediction_log counts must be whole numbers of 0 or more: {value!r}")
+    return PredictionLogCounts(*counts)
 
 
 def _label(value: Any, name: str) -> str | None:

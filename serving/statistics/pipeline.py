@@ -22,6 +22,7 @@ from serving.statistics.key_metrics import KeyMetrics
 from serving.statistics.llm_metrics import LlmMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
 from serving.statistics.model_metrics import ModelMetrics
+from serving.statistics.prediction_log_metrics import PredictionLogMetrics
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
 from serving.statistics.torchserve_metrics import TorchServeMetrics
 
@@ -35,6 +36,7 @@ class StatisticsPipeline:
         self.shadows = ShadowMetrics(registry)
         self.keys = KeyMetrics(registry)
         self.models = ModelMetrics(registry)
+        self.prediction_log = PredictionLogMetrics(registry)
         self.llm = LlmMetrics(registry)
         self.embeddings = EmbeddingMetrics(registry)
         self.torchserve = TorchServeMetrics(registry)
@@ -110,6 +112,8 @@ class StatisticsPipeline:
 
     def handle_event(self, event: StatisticsEvent) -> None:
         if self.models.observe(event):  # a load outcome, not a request: its own series only
+            return
+        if self.prediction_log.observe(event):  # a worker's prediction-log counts, not a request
             return
         if self.keys.observe(event):  # refused by the client-key check: counted there only
             return

@@ -131,6 +131,26 @@ def _start_recorder(settings: WorkerSettings, sync: ConfigSync) -> Any:
     return recorder
 
 
+def _start_prediction_log(settings: WorkerSettings, dataplane: DataPlane) -> Any:
+    """The prediction log's writer and sink (serving/prediction_log/); its counts go out as statistics."""
+    from serving.prediction_log.sinks import SINKS
+    from serving.prediction_log.writer import PredictionLog, WriterConfig
+    from serving.statistics.recorder import default_source
+
+    if settings.prediction_log_sink == "off":
+        return None
+
+    def report(endpoint: str, written: int, dropped: int) -> None:
+        if dataplane.recorder is not None:
+            dataplane.recorder.record({"endpoint": endpoint, "version": None,
+                                       "prediction_log": {"written": written, "dropped": dropped}})
+
+    sink = SINKS[settings.prediction_log_sink](settings, default_source())
+    writer = PredictionLog(sink, WriterConfig(max_queue=settings.prediction_log_max_queue), report=report)
+    dataplane.predictions.log = writer
+    return writer
+
+
 def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = None,
                recorder: Recorder | None = None) -> FastAPI:
     settings = settings or WorkerSettings()
@@ -151,6 +171,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
         sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
+        predictions = _start_prediction_log(settings, dataplane)
         exchange = StatsExchange(dataplane.version_stats.rows, group())  # the worker's processes' statistics
         await exchange.start()
         dataplane.version_stats.exchange = exchange
@@ -169,6 +190,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         await exchange.stop()
         for engine in engines.values():
             await engine.close()
+        if predictions is not None:  # its last counts go out with the recorder, closed next
+            await asyncio.to_thread(predictions.close)
         if owned is not None:
             owned.close()
 
@@ -192,6 +215,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
                 "grpc_port": settings.worker_grpc_port,
                 "readiness": sync.readiness()["endpoints"],
                 "internal_errors": counts["internal_errors"],
+                "prediction_log": dataplane.predictions.log.status() if dataplane.predictions.log else None,
                 "endpoints": {n: {"engine": ep.engine, "preprocess": ep.preprocess_kind,
                                   "versions": [{"version": t.version, "weight": t.weight} for t in ep.targets]}
                               for n, ep in config.endpoints.items()}}

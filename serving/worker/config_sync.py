@@ -20,6 +20,7 @@ from preprocess.base import Processor
 from preprocess.loader import build_processor
 from preprocess.user_code import UserContext
 from serving.config_client import ConfigSubscriber
+from serving.prediction_log import policy as prediction_log
 from serving.worker.engines.base import Engine
 from serving.worker.gate import LoadOutcomes, Pending, ReadinessGate, TargetLoadError, decide, endpoint_state, label
 from serving.worker.runtime import Config, EndpointRuntime, Target
@@ -216,7 +217,8 @@ class ConfigSync:
         return EndpointRuntime(name=name, engine=engine_name, targets=targets,
                                processor=shared or per_version[targets[0].version],
                                preprocess_kind=pre.get("kind", "none"), io=MappingProxyType(io),
-                               version_processors=MappingProxyType(per_version))
+                               version_processors=MappingProxyType(per_version),
+                               prediction_log=prediction_log.from_snapshot(spec.get("prediction_log")))
 
     def _processor(self, endpoint: str, target: Target | None, pre: dict[str, Any], engine: str,
                    io: dict) -> Processor:

@@ -23,6 +23,7 @@ from serving.embeddings.batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
 from serving.worker.errors import BadRequest, ModelNotReady, NotFound, UnknownEndpoint, Unavailable, Unprocessable
 from serving.worker.lifecycle import RequestLife, RequestStats, request_life
+from serving.worker.prediction_capture import PredictionCapture
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
 from serving.worker.version_stats import VersionStatistics
@@ -55,6 +56,8 @@ class DataPlane:
         self.keys = ClientKeys(on_refusal=self.refuse)  # front ends call keys.check (client_keys.py)
         self.version_stats = VersionStatistics()  # Triton's statistics extension (version_stats.py)
         self.encoders = EncoderBatching(lambda: self.config.current)  # encoder endpoints' token batchers
+        self.predictions = PredictionCapture(config)  # the prediction log's records (prediction_capture.py)
+        self.shadow.logged = self.predictions.shadow
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -98,6 +101,8 @@ class DataPlane:
         copies = self.shadow.pick(ep, body) if version is None else None
         with self.life(ep.name, target.version, client) as life:
             stats, state = life.stats, life.state
+            if stats.captured is not None:
+                stats.captured.inputs = body
             led: list[int] = []  # sizes of the token batches this request headed (encoder endpoints)
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
@@ -119,6 +124,8 @@ class DataPlane:
                 answer = await processor.postprocess(data, state, stats.collect)
                 stats.stage("postprocess")
             self._account(life, processor, led)
+            if stats.captured is not None:
+                stats.captured.outputs = answer
             self.shadow.fire(copies, target, answer)
             return Answer(target, answer)
 
@@ -132,6 +139,8 @@ class DataPlane:
             raise BadRequest(f"endpoint {name!r} runs the {ep.engine} engine on its preprocess output, not on "
                              f"tensors; send it JSON on /serve/{name}")
         with self.life(ep.name, target.version, client) as life:
+            if life.stats.captured is not None:
+                life.stats.captured.inputs = inputs
             try:
                 target, outputs = await self._run(ep, target, inputs, pinned=version is not None)
             except InputOutOfRange as exc:  # well-formed, past the model's limits
@@ -140,13 +149,17 @@ class DataPlane:
                 raise BadRequest(str(exc)) from None
             life.stats.version = target.version
             life.stats.stage("inference")
+            if life.stats.captured is not None:
+                life.stats.captured.outputs = outputs
             if version is None:
                 self.shadow.fire(self.shadow.pick(ep, inputs, tensors=True), target, outputs)
             return target, outputs
 
     def life(self, endpoint: str, version: int | None, client: str | None) -> AbstractContextManager[RequestLife]:
         """A request's life on this data plane (lifecycle.py): every path runs in one, the LLM's too."""
-        return request_life(RequestStats(endpoint, version=version, client=client), self._record, self.keys.charge)
+        stats = RequestStats(endpoint, version=version, client=client)
+        stats.captured = self.predictions.start(endpoint, stats.request_id)
+        return request_life(stats, self._record, self.keys.charge)
 
     async def _run(self, ep: EndpointRuntime, target: Target, data: Any, pinned: bool,
                    pad: Mapping[str, int] | None = None, encoder: Any = None,
@@ -186,7 +199,9 @@ class DataPlane:
         """Count a request a front end refused before inference (bad JSON, body too large), so error
         rates include it; requests for unknown endpoints are not counted (no label to give them)."""
         if name in self.config.current.endpoints:
-            self._record(RequestStats(name, client=client), status)
+            stats = RequestStats(name, client=client, error=f"refused with status {status} before inference")
+            stats.captured = self.predictions.start(name, stats.request_id)  # what it sent could not be read
+            self._record(stats, status)
 
     def refuse(self, name: str, reason: str, client: str | None, status: int) -> None:
         """Count a request the client-key check refused (client_keys.py): its own series by reason,
@@ -207,6 +222,7 @@ class DataPlane:
     def _record(self, stats: RequestStats, status: int) -> None:
         self.version_stats.observe(stats.endpoint, stats.version, status, time.perf_counter() - stats.t0,
                                    stats.stages, time.time())
+        self.predictions.finish(stats, status)
         if self.recorder is None:
             return
         event = {"ts": time.time(), "endpoint": stats.endpoint, "version": stats.version,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from preprocess.base import PreprocessError
+from serving.prediction_log.record import Captured
 from serving.worker import request_ids
 from serving.worker.errors import ServingError, user_code_error
 
@@ -34,6 +35,8 @@ class RequestStats:
     stages: dict[str, float] = field(default_factory=dict)
     custom: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # more event fields (an LLM request's usage, ttft_s)
+    captured: Captured | None = None  # a request the prediction log keeps: its inputs and outputs (record.py)
+    error: str | None = None          # what the client was told, when the request failed
     _mark: float = 0.0
 
     def __post_init__(self) -> None:
@@ -83,13 +86,16 @@ def request_life(stats: RequestStats, record: Callable[[RequestStats, int], None
         life.status = 200
     except PreprocessError as exc:  # preprocess.py's deadline or refusal
         error = user_code_error(exc)
-        life.status = error.status
+        life.status, stats.error = error.status, error.message
         raise error from None
     except ServingError as exc:
-        life.status = exc.status
+        life.status, stats.error = exc.status, exc.message
         raise
     except asyncio.CancelledError:  # the client went away; the engine's call was closed with it
-        life.status = CLIENT_CLOSED
+        life.status, stats.error = CLIENT_CLOSED, "the client closed the connection"
+        raise
+    except Exception as exc:  # a bug: the front end answers 500 without details; the log keeps its name
+        stats.error = f"internal error ({type(exc).__name__})"
         raise
     finally:
         if not life.handed_off:

@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any, Mapping
 
 from preprocess.base import Processor
+from serving.prediction_log.policy import LogPolicy
 from serving.triton.model_formats import target_format
 from serving.triton.shapes import batch_size, padded
 
@@ -89,6 +90,7 @@ class EndpointRuntime:
     preprocess_kind: str = "none"
     io: Mapping[str, Any] = field(default_factory=dict)  # declared inputs/outputs, bound by name
     version_processors: Mapping[int, Processor] = field(default_factory=dict)  # user code: one per version
+    prediction_log: LogPolicy | None = None  # which requests the prediction log keeps (None: none)
 
     def processor_for(self, target: Target) -> Processor:
         """ClearML Serving gives each model version its own ``Preprocess`` instance (its ``load`` read

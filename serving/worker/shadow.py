@@ -71,6 +71,9 @@ class ShadowMirror:
         self.in_flight = 0
         self.sent = self.dropped = 0
         self._tasks: set[asyncio.Task] = set()
+        # the prediction log's record of a copy (prediction_capture.py): (ep, target, request, answer,
+        # status, latency_s, error=..., usage=...)
+        self.logged: Callable[..., None] = lambda *args, **kwargs: None
 
     # --- request path ---------------------------------------------------------------
     def pick(self, ep: EndpointRuntime, request: Any, tensors: bool = False) -> Copies | None:
@@ -133,7 +136,7 @@ class ShadowMirror:
             now = time.perf_counter()
             stages[name], mark = now - mark, now
 
-        status, answer = 500, None
+        status, answer, error = 500, None, None
         try:
             if copies.tensors:
                 _, answer = await self.run_target(copies.ep, target, copies.request, pinned=True)
@@ -141,15 +144,17 @@ class ShadowMirror:
             else:
                 answer = await self._serve(copies.ep, target, copies.request, stage)
             status = 200
-        except UserCodeTimeout:
-            status = 504
-        except PreprocessError:
-            status = 422
+        except UserCodeTimeout as exc:
+            status, error = 504, str(exc)
+        except PreprocessError as exc:
+            status, error = 422, str(exc)
         except ServingError as exc:
-            status = exc.status
-        except Exception:
+            status, error = exc.status, exc.message
+        except Exception as exc:
+            error = f"internal error ({type(exc).__name__})"
             log.exception("shadow copy to %s version %s failed", copies.ep.name, target.version)
         latency = time.perf_counter() - t0
+        self.logged(copies.ep, target, copies.request, answer, status, latency, error=error)
         result: dict[str, Any] = {"agree": None, "mad": None}
         if status == 200:
             try:

@@ -405,3 +405,17 @@ def test_a_terminating_workers_requests_get_the_grace_period_left_after_its_pres
     env = {e["name"]: e.get("value") for e in container["env"]}
     (sleep,) = [int(c) for c in container["lifecycle"]["preStop"]["exec"]["command"][1:]]  # ["sleep", "5"]
     assert float(env["SERVING_WORKER_GRACEFUL_STOP_S"]) == pod["terminationGracePeriodSeconds"] - sleep - 5 > 2
+
+
+def test_workers_log_predictions_to_a_topic_of_the_release_when_the_chart_has_kafka():
+    """docs/prediction-log.md: with Kafka the prediction log goes to ``<release>-predictions`` (or the topic
+    named in the values); with no Kafka at all, to the workers' default rotating files."""
+    def worker_config(overrides: str = "") -> dict:
+        docs = manifests("default", overrides)
+        return next(c["data"] for c in find(docs, "ConfigMap") if c["metadata"]["name"].endswith("-worker"))
+
+    default = worker_config()
+    assert (default["SERVING_PREDICTION_LOG_SINK"], default["SERVING_PREDICTION_LOG_TOPIC"]) == ("kafka", "demo-predictions")
+    assert worker_config("predictionLogTopic: team-a-predictions")["SERVING_PREDICTION_LOG_TOPIC"] == "team-a-predictions"
+    none = worker_config("kafka: {enabled: false}")
+    assert "SERVING_KAFKA_BOOTSTRAP_SERVERS" not in none and "SERVING_PREDICTION_LOG_SINK" not in none

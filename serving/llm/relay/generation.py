@@ -28,7 +28,7 @@ from serving.llm.engines.api import GenerationStream, LLMEngine
 from serving.llm.relay.hints import route_hint
 from serving.llm.openai.routes import ROUTES
 from serving.llm.openai.protocol import InvalidRequest
-from serving.llm.relay.shadow_compare import LlmShadow, StreamText, choice_texts
+from serving.llm.relay.shadow_compare import LlmShadow, StreamText, choice_texts, completions
 from serving.llm.relay.timing import GenerationTimer
 from serving.worker.runtime import EndpointRuntime, Target
 
@@ -85,6 +85,8 @@ class Generation:
         engine: LLMEngine = self.dataplane.engines[ep.engine]
         with self.dataplane.life(ep.name, target.version, client) as life:
             stats = life.stats
+            if stats.captured is not None:  # the prediction log keeps it: the request as the client sent it
+                stats.captured.inputs = request
             processor = ep.processor_for(target) if ep.preprocess_kind == "user" else None
             request = await _preprocess(processor, request, life.state, stats)
             stats.stage("preprocess")
@@ -108,6 +110,8 @@ class Generation:
             timer.answered(answer)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
             texts = choice_texts(answer)  # the engine's own text, compared with the shadow engine's
+            if stats.captured is not None:
+                stats.captured.outputs, stats.captured.usage = completions(texts), stats.extra["usage"]
             _charge(life)
             if processor is not None:
                 answer = await processor.postprocess(answer, life.state, stats.collect)
@@ -123,7 +127,7 @@ class Generation:
         the engine breaks ends with an OpenAI error event (the status line is long gone). ``ended``: the
         shadow copy to start with the stream's text once it has ended well (None: no copy, no text kept)."""
         status, usage, stats = CLIENT_CLOSED, None, life.stats
-        text = StreamText() if ended is not None else None
+        text = StreamText() if ended is not None or stats.captured is not None else None
         try:
             async for batch in stream.batches():
                 if "ttft_s" not in stats.extra:
@@ -155,7 +159,7 @@ class Generation:
                     yield b"".join(out)
             status = 200
         except ServingError as exc:
-            status = exc.status
+            status, stats.error = exc.status, exc.message
             error = {"error": {"message": exc.message, "type": "service_unavailable", "param": None,
                                "code": exc.status}}
             yield b"data: " + orjson.dumps(error) + b"\n\n"
@@ -165,6 +169,8 @@ class Generation:
             stats.extra["usage"] = _usage(usage)
             stats.extra["llm"] = timer.event(stats.extra["usage"])
             _charge(life)
+            if stats.captured is not None and text is not None:
+                stats.captured.outputs, stats.captured.usage = completions(text.texts()), stats.extra["usage"]
             life.end(status)
             if status == 200 and ended is not None and text is not None:  # a shadow copy starts once the live
                 ended(text.texts())                                       # stream has ended (never before)

@@ -51,6 +51,12 @@ def choice_texts(answer: Any) -> dict[int, str]:
     return out
 
 
+def completions(texts: dict[int, str]) -> dict[str, Any]:
+    """An answer as the prediction log keeps it, the same for chat and completions, plain or streamed:
+    each choice's text by its index."""
+    return {"choices": [{"index": i, "text": texts[i]} for i in sorted(texts)]}
+
+
 class StreamText:
     """A stream's text accumulated per choice as its events are relayed."""
 
@@ -111,15 +117,18 @@ class LlmShadow:
 
     async def _run(self, copies: Copies, target: Target, live: Target, route: str, texts: dict[int, str]) -> None:
         t0 = time.perf_counter()
-        status, score = 500, None
+        status, score, answer, error = 500, None, None, None
         try:
             answer = await self.engines[copies.ep.engine].post(target, route, {**copies.request, "stream": False})
             status = 200
             score = agreement(copies.request, texts, choice_texts(answer))
         except ServingError as exc:
-            status = exc.status
-        except Exception:
+            status, error = exc.status, exc.message
+        except Exception as exc:
+            error = f"internal error ({type(exc).__name__})"
             log.exception("LLM shadow copy to %s version %s failed", copies.ep.name, target.version)
         latency = time.perf_counter() - t0
+        self.mirror.logged(copies.ep, target, copies.request, completions(choice_texts(answer)) if answer else None,
+                           status, latency, error=error, usage=(answer or {}).get("usage"))
         self.mirror.record(copies.ep, target, live, status, latency, {"inference": latency},
                            {"agree": None if score is None else score == 1.0, "mad": None, "agreement": score})

@@ -54,6 +54,11 @@ def test_upload_deploy_canary_list(cp, tmp_path):
     assert res.exit_code == 0, res.output
     metrics = json.loads(run(cp, "metrics", "list", "--endpoint", "e", "--json").output)
     assert {m["name"]: m["kind"] for m in metrics} == {"tokens": "scalar", "label": "enum", "score": "value"}
+    res = run(cp, "endpoint", "log", "--endpoint", "e", "--sample", "10%", "--field", "inputs", "--field", "outputs",
+              "--redact", r"\d{16}")
+    assert res.exit_code == 0 and "e: logging 10% of requests (inputs, outputs), redacting 1 pattern(s)" in res.output
+    res = run(cp, "endpoint", "log", "--endpoint", "e", "--off")
+    assert res.exit_code == 0 and "e: prediction log off" in res.output
 
 
 @pytest.mark.parametrize("args,message", [
@@ -63,6 +68,9 @@ def test_upload_deploy_canary_list(cp, tmp_path):
     (["canary", "set", "--endpoint", "e", "--weights", "1:90"], "VERSION=PERCENT"),
     (["canary", "promote", "--endpoint", "nope"], "endpoint nope not found"),
     (["metrics", "add", "--endpoint", "nope", "--variable-scalar", "t=a,b"], "must be numbers"),
+    (["endpoint", "log", "--endpoint", "e", "--sample", "ten"], "'ten' must look like 10%"),
+    (["endpoint", "log", "--endpoint", "e"], "give either --sample 10% or --off"),
+    (["endpoint", "log", "--endpoint", "e", "--sample", "5%", "--field", "passwords"], "unknown field(s) passwords"),
 ])
 def test_errors_are_one_clear_line(cp, args, message):
     res = run(cp, *args)

