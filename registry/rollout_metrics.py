@@ -57,10 +57,24 @@ def _difference(end: dict[float, float], start: dict[float, float]) -> dict[floa
     return {le: end[le] - start.get(le, 0.0) for le in end}
 
 
+@dataclass(frozen=True)
+class Quality:
+    """A version's live quality from ground truth (serving/statistics/ground_truth.py): over the statistics
+    service's live window, the requests given their true label, and the share predicted right."""
+
+    labelled: float
+    accuracy: float | None  # None without a labelled request
+
+
 class MetricsSource(Protocol):
     def snapshot(self, endpoint: str, version: int) -> Counters | None: ...
 
     def window(self, endpoint: str, version: int, start: Counters | None, seconds: float) -> Window: ...
+
+    def quality(self, endpoint: str, version: int) -> Quality: ...
+
+
+QUALITY = {"serving_live_labelled": "labelled", "serving_live_accuracy": "accuracy"}
 
 
 def quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -117,6 +131,18 @@ class StatisticsServiceSource:
                     buckets[le] = buckets.get(le, 0.0) + s.value
         return out
 
+    def quality(self, endpoint: str, version: int) -> Quality:
+        try:
+            text = httpx.get(self.url, timeout=self.timeout_s).text
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"the statistics service at {self.url} did not answer: {exc}") from exc
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in QUALITY and s.labels.get("endpoint") == endpoint and s.labels.get("version") == str(version):
+                    found[QUALITY[s.name]] = s.value
+        return Quality(found.get("labelled", 0.0), found.get("accuracy"))
+
     def window(self, endpoint: str, version: int, start: Counters | None, seconds: float) -> Window:
         end = self.snapshot(endpoint, version)
         if end is None:
@@ -146,6 +172,14 @@ class PrometheusSource:
 
     def snapshot(self, endpoint: str, version: int) -> Counters | None:
         return None  # PromQL reads the window itself
+
+    def quality(self, endpoint: str, version: int) -> Quality:
+        sel = f'endpoint="{endpoint}",version="{version}"'
+        try:
+            return Quality(self._scalar(f"sum(serving_live_labelled{{{sel}}})") or 0.0,
+                           self._scalar(f"max(serving_live_accuracy{{{sel}}})"))
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            raise ConnectionError(f"Prometheus at {self.url} could not answer: {exc}") from exc
 
     @staticmethod
     def _since(aggregate: str, selector: str, window: str) -> str:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from registry import schemas
 from registry.orm import AuditEntry, Endpoint, Rollout
-from registry.rollout_metrics import Counters, MetricsSource, Window
+from registry.rollout_metrics import Counters, MetricsSource, Quality, Window
 from registry.service import Conflict, NotFound, Registry
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,23 @@ def gate_failure(window: Window, gates: dict[str, Any]) -> str | None:
         if limit is not None and value is not None and value * 1000 > limit:
             return f"{words} p99 {value * 1000:.0f} ms > {limit:g} ms over {n} requests"
     return None
+
+
+def accuracy_verdict(candidate: Quality, stable: Quality, gates: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The accuracy gate: (why to hold, why to roll back); (None, None) passes it. Both versions need
+    ``min_labelled`` labelled requests in the live window before they are compared: ground truth comes
+    late, and a few labels say little."""
+    drop, needed = gates.get("max_accuracy_drop"), int(gates.get("min_labelled", 1))
+    if drop is None:
+        return None, None
+    if candidate.labelled < needed or stable.labelled < needed or None in (candidate.accuracy, stable.accuracy):
+        return (f"holding: {int(candidate.labelled)} labelled request(s) of the candidate and {int(stable.labelled)} "
+                f"of the stable version, {needed} each needed to judge accuracy"), None
+    assert candidate.accuracy is not None and stable.accuracy is not None
+    if stable.accuracy - candidate.accuracy > drop:
+        return None, (f"live accuracy {candidate.accuracy:.1%} < the stable version's {stable.accuracy:.1%} less "
+                      f"{drop:.1%} (over {int(candidate.labelled)} and {int(stable.labelled)} labelled requests)")
+    return None, None
 
 
 def rollout_out(r: Rollout) -> dict[str, Any]:
@@ -210,6 +227,19 @@ class Rollouts:
                                       f"{r.gates.get('min_requests', 1)} needed to judge", observed, keep_baseline=True)
                 return
             failure = gate_failure(window, r.gates)
+            if failure is None and r.gates.get("max_accuracy_drop") is not None:
+                stable = next((t.model.version for t in r.endpoint.targets if t.role == "stable"), None)
+                try:
+                    candidate_q, stable_q = self.source.quality(endpoint, version), self.source.quality(endpoint, stable)
+                except ConnectionError as exc:
+                    self._hold(s, r, now, f"holding: {exc}", observed, keep_baseline=True)
+                    return
+                observed |= {"accuracy": candidate_q.accuracy, "labelled": candidate_q.labelled,
+                             "stable_accuracy": stable_q.accuracy, "stable_labelled": stable_q.labelled}
+                hold, failure = accuracy_verdict(candidate_q, stable_q, r.gates)
+                if hold:
+                    self._hold(s, r, now, hold, observed, keep_baseline=True)
+                    return
             if (failure or step == len(r.steps) - 1) and not _claim(s, r, step):
                 return  # paused, aborted or judged by another control plane meanwhile
             if failure:

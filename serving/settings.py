@@ -182,3 +182,7 @@ class StatisticsSettings(CommonSettings):
     statistics_host: str = "127.0.0.1"
     kafka_bootstrap_servers: str | None = None
     kafka_topic: str = "serving-statistics"
+    # ground truth (serving/statistics/ground_truth.py): logged requests remembered for feedback, and the
+    # live window of serving_live_accuracy / serving_live_mae
+    feedback_max_requests: int = Field(1_000_000, ge=1)
+    feedback_window_s: float = Field(3600.0, gt=0)

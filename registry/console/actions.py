@@ -72,8 +72,17 @@ async def _rollout_start(c: Console, s: Session, f: Form):
     model, _, version = f.get("model", "").partition(":")
     body = {"endpoint": f["endpoint"], "model": model, "version": int(version) if version.isdigit() else None,
             "steps": _steps(f), "interval_s": _number(f, "interval_s"),
-            "max_error_rate": _optional(f, "max_error_rate"), "max_p99_ms": _optional(f, "max_p99_ms")}
+            "max_error_rate": _optional(f, "max_error_rate"), "max_p99_ms": _optional(f, "max_p99_ms"),
+            "max_accuracy_drop": _optional(f, "max_accuracy_drop"),
+            "min_labelled": int(_optional(f, "min_labelled") or 1)}
     return await c.api.call(s.token, "POST", "/rollouts", json=body)
+
+
+async def _prediction_log(c: Console, s: Session, f: Form):
+    fields = [x.strip() for x in f.get("fields", "").split(",") if x.strip()]
+    body = {"sample": _number(f, "sample"), "fields": fields or None,
+            "redact": [line for line in f.get("redact", "").splitlines() if line.strip()]}
+    return await c.api.call(s.token, "PUT", f"/endpoints/{api_path(f['endpoint'])}/prediction-log", json=body)
 
 
 async def _rollout_abort(c: Console, s: Session, f: Form):
@@ -96,6 +105,7 @@ ACTIONS: dict[str, tuple[str, Call, bool]] = {
     "shadow-on": ("copy a share of requests to a shadow version", _shadow_on, False),
     "shadow-off": ("stop shadowing", _shadow_off, False),
     "rollout-start": ("start a gated rollout", _rollout_start, False),
+    "prediction-log": ("set what the prediction log keeps", _prediction_log, False),
     "rollout-pause": ("pause the rollout (it keeps its share; no step and no decision until resumed)",
                       _rollout_pause, False),
     "rollout-resume": ("resume the rollout (judged after a fresh interval)", _rollout_resume, False),

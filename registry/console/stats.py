@@ -38,6 +38,9 @@ class Figures:
     completion_tokens: float = 0.0
     ttft: dict[float, float] = field(default_factory=dict)
     itl: dict[float, float] = field(default_factory=dict)  # LLM inter-token latency
+    labelled: float = 0.0  # ground truth over the statistics service's live window (docs/prediction-log.md)
+    accuracy: float | None = None
+    mae: float | None = None
 
     def percentile(self, q: float) -> float | None:
         return quantile(q, self.latency)
@@ -92,6 +95,9 @@ READERS = {
     "serving_llm_completion_tokens_total": _tokens,
     "serving_llm_time_to_first_token_seconds_bucket": lambda f, lb, v: _add_bucket(f.ttft, lb, v),
     "serving_llm_inter_token_latency_seconds_bucket": lambda f, lb, v: _add_bucket(f.itl, lb, v),
+    "serving_live_labelled": lambda f, lb, v: setattr(f, "labelled", v),
+    "serving_live_accuracy": lambda f, lb, v: setattr(f, "accuracy", v),
+    "serving_live_mae": lambda f, lb, v: setattr(f, "mae", v),
 }
 
 

@@ -6,6 +6,7 @@ import typer
 from serving.cli import keys, processes, tokens
 from serving.cli.client import ControlPlane
 from serving.cli.endpoints import canary_app, endpoint_app, metrics_app
+from serving.cli.log import log_app
 from serving.cli.models import app as model_app
 from serving.cli.rollouts import app as rollout_app
 
@@ -34,6 +35,7 @@ app.add_typer(keys.key_app, name="key")
 app.command()(tokens.login)
 app.command()(tokens.audit)
 app.add_typer(rollout_app, name="rollout")
+app.add_typer(log_app, name="log")
 for command in (processes.up, processes.demo, processes.status, processes.worker, processes.triton, processes.llm,
                 processes.statistics):
     app.command()(command)

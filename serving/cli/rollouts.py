@@ -50,6 +50,10 @@ def start(
     max_itl_p99_ms: Optional[float] = typer.Option(None, help="LLM endpoints: the candidate's inter-token "
                                                               "latency p99 per step"),
     min_requests: int = typer.Option(1, help="requests the candidate needs in a step before it is judged"),
+    max_accuracy_drop: Optional[str] = typer.Option(None, help="e.g. 2%: live accuracy from feedback the candidate "
+                                                               "may lose against the stable version "
+                                                               "(docs/prediction-log.md)"),
+    min_labelled: int = typer.Option(1, help="labelled requests each version needs before accuracy is judged"),
 ) -> None:
     """Start a rollout: the candidate takes each step's share in turn, then is promoted."""
     name, version = parse_model_ref(model)
@@ -60,7 +64,8 @@ def start(
     body = {"endpoint": endpoint, "model": name, "version": version, "steps": percents,
             "interval_s": parse_interval(interval), "max_error_rate": parse_rate(max_error_rate),
             "max_p99_ms": max_p99_ms, "max_drift": max_drift, "min_requests": min_requests,
-            "max_ttft_p99_ms": max_ttft_p99_ms, "max_itl_p99_ms": max_itl_p99_ms}
+            "max_ttft_p99_ms": max_ttft_p99_ms, "max_itl_p99_ms": max_itl_p99_ms,
+            "max_accuracy_drop": parse_rate(max_accuracy_drop), "min_labelled": min_labelled}
     r = ctx.obj.post("/rollouts", json=body)
     console.print(f"rollout of {r['model']}:{r['version']} on [bold]{endpoint}[/bold]: step 1 of {len(r['steps'])} "
                   f"at {r['weight']:g}%, next check in {r['interval_s']:g} s")

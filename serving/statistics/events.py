@@ -83,6 +83,8 @@ class StatisticsEvent:
     embedding: EmbeddingCounts | None = None  # an encoder request's texts, tokens and batches
     torchserve: TorchServeTiming | None = None  # a TorchServe archive's request: its batch, queue time, metrics
     prediction_log: "PredictionLogCounts | None" = None  # a worker's prediction-log counts, not a request
+    request_id: str | None = None  # the request's X-Request-Id
+    prediction: Any = None  # a logged request's answer, {"label"} or {"value"}: feedback joins it (ground_truth.py)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"ts": self.ts, "endpoint": self.endpoint, "version": self.version,
@@ -102,6 +104,10 @@ class StatisticsEvent:
             out["embedding"] = self.embedding.to_dict()
         if self.torchserve is not None:
             out["torchserve"] = self.torchserve.to_dict()
+        if self.request_id is not None:
+            out["request_id"] = self.request_id
+        if self.prediction is not None:
+            out["prediction"] = self.prediction
         if self.prediction_log is not None:
             out["prediction_log"] = {"written": self.prediction_log.written, "dropped": self.prediction_log.dropped}
         return out
@@ -250,7 +256,13 @@ def parse_event(raw: Any) -> StatisticsEvent:
         model_state=_model_state(raw.get("model_state")), llm=parse_llm(raw.get("llm")),
         embedding=parse_embedding(raw.get("embedding")), torchserve=parse_torchserve(raw.get("torchserve")),
         prediction_log=_prediction_log(raw.get("prediction_log")),
+        request_id=_request_id(raw.get("request_id")), prediction=raw.get("prediction"),
     )
+
+
+def _request_id(value: Any) -> str | None:
+    """The worker chose it (serving/worker/request_ids.py); anything else is ignored, not refused."""
+    return value if isinstance(value, str) and 0 < len(value) <= 128 else None
 
 
 def _prediction_log(value: Any) -> PredictionLogCounts | None:

@@ -21,6 +21,7 @@ from serving.statistics.exporter import DriftCollector
 from serving.statistics.key_metrics import KeyMetrics
 from serving.statistics.llm_metrics import LlmMetrics
 from serving.statistics.metrics import RequestMetrics, ShadowMetrics, VariableMetrics, version_label
+from serving.statistics.ground_truth import GroundTruth
 from serving.statistics.model_metrics import ModelMetrics
 from serving.statistics.prediction_log_metrics import PredictionLogMetrics
 from serving.statistics.references import ANY_VERSION, Reference, ReferenceStore
@@ -31,12 +32,13 @@ log = logging.getLogger(__name__)
 
 class StatisticsPipeline:
     def __init__(self, registry: CollectorRegistry, drift: DriftConfig = DriftConfig(),
-                 references: ReferenceStore | None = None) -> None:
+                 references: ReferenceStore | None = None, truth: GroundTruth | None = None) -> None:
         self.requests = RequestMetrics(registry)
         self.shadows = ShadowMetrics(registry)
         self.keys = KeyMetrics(registry)
         self.models = ModelMetrics(registry)
         self.prediction_log = PredictionLogMetrics(registry)
+        self.truth = truth or GroundTruth(registry)  # feedback joined to logged predictions (ground_truth.py)
         self.llm = LlmMetrics(registry)
         self.embeddings = EmbeddingMetrics(registry)
         self.torchserve = TorchServeMetrics(registry)
@@ -121,6 +123,8 @@ class StatisticsPipeline:
             self.shadows.observe(event)
             return
         self.requests.observe(event)
+        if event.request_id is not None and event.prediction is not None:
+            self.truth.remember(event.request_id, event.endpoint, event.version, event.prediction)
         self.llm.observe(event)
         self.embeddings.observe(event.endpoint, event.version, event.embedding)
         self.torchserve.observe(event.endpoint, event.version, event.latency_s, event.torchserve)

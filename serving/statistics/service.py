@@ -7,6 +7,8 @@ HTTP API (one port, ``SERVING_STATISTICS_PORT``):
 * ``PUT|GET|DELETE /references/{endpoint}/{version}/{variable}``: upload
   ``{"values": [...]}``, read, or forget a drift reference (version ``*`` = all).
 * ``GET /health``: config revision seen, Kafka readiness.
+* ``POST /feedback``: ``{"endpoint", "request_id", "label" | "value"}``, a worker's ground truth for a
+  logged request, joined at once (ground_truth.py); worker or admin token.
 
 ``POST /events`` needs a ``worker`` or ``admin`` token and reference changes (PUT/DELETE) a
 ``worker``, ``deployer`` or ``admin`` one (``Authorization: Bearer``; 401 without or with a bad
@@ -38,6 +40,7 @@ from serving.credentials import worker_token
 from serving.settings import StatisticsSettings
 from serving.statistics.drift import DriftConfig
 from serving.statistics.events import EventError
+from serving.statistics.ground_truth import FeedbackError, GroundTruth
 from serving.statistics.pipeline import StatisticsPipeline
 from serving.statistics.references import ReferenceStore
 from serving.statistics.transports.kafka import KafkaBatchConsumer, KafkaOptions, ensure_topic
@@ -132,7 +135,22 @@ def create_app(pipeline: StatisticsPipeline, registry: CollectorRegistry,
                 "kafka": None if consumer is None else consumer.ready.is_set()}
 
     _reference_routes(app, pipeline)
+    _feedback_route(app, pipeline)
     return app
+
+
+def _feedback_route(app: FastAPI, pipeline: StatisticsPipeline) -> None:
+    @app.post("/feedback")
+    async def feedback(request: Request, body: dict = Body(...)) -> dict[str, Any]:
+        """A worker's ground truth for one logged request: joined at once (404 unknown, 409 labelled)."""
+        await app.state.authorized(request, EVENT_ROLES, "POST /feedback")
+        endpoint, request_id = body.get("endpoint"), body.get("request_id")
+        if not isinstance(endpoint, str) or not isinstance(request_id, str) or not request_id:
+            raise HTTPException(400, "feedback needs 'endpoint' and 'request_id' (the answer's X-Request-Id)")
+        try:
+            return pipeline.truth.join(endpoint, request_id, body.get("label"), body.get("value")).to_dict()
+        except FeedbackError as exc:
+            raise HTTPException(exc.status, str(exc)) from None
 
 
 def _reference_routes(app: FastAPI, pipeline: StatisticsPipeline) -> None:
@@ -175,7 +193,8 @@ def run_statistics_service(settings: StatisticsSettings, drift: DriftConfig = Dr
     disable_created_metrics()  # *_created series only double the series count
     registry = CollectorRegistry()
     state_dir = settings.home / "statistics"
-    pipeline = StatisticsPipeline(registry, drift, ReferenceStore(state_dir / "references"))
+    truth = GroundTruth(registry, settings.feedback_max_requests, settings.feedback_window_s)
+    pipeline = StatisticsPipeline(registry, drift, ReferenceStore(state_dir / "references"), truth)
     subscriber = ConfigSubscriber(settings.control_plane_url, pipeline.apply_snapshot,
                                   cache_path=state_dir / "config.json",
                                   token=lambda: worker_token(settings)).start()

@@ -151,6 +151,18 @@ def _start_prediction_log(settings: WorkerSettings, dataplane: DataPlane) -> Any
     return writer
 
 
+def _feedback_client(settings: WorkerSettings, predictions: Any) -> Any:
+    """Ground truth goes to the statistics service, which joins it (serving/worker/feedback.py)."""
+    from serving.credentials import worker_token
+    from serving.statistics.recorder import statistics_url
+    from serving.worker.feedback import FeedbackClient
+
+    client = FeedbackClient(statistics_url(settings) if settings.statistics_enabled else None,
+                            lambda: worker_token(settings))
+    client.log = predictions
+    return client
+
+
 def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = None,
                recorder: Recorder | None = None) -> FastAPI:
     settings = settings or WorkerSettings()
@@ -172,6 +184,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
             owned = dataplane.recorder = _start_recorder(settings, sync)
         sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
         predictions = _start_prediction_log(settings, dataplane)
+        dataplane.feedback_client = _feedback_client(settings, predictions)
         exchange = StatsExchange(dataplane.version_stats.rows, group())  # the worker's processes' statistics
         await exchange.start()
         dataplane.version_stats.exchange = exchange
@@ -190,6 +203,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         await exchange.stop()
         for engine in engines.values():
             await engine.close()
+        await dataplane.feedback_client.close()
         if predictions is not None:  # its last counts go out with the recorder, closed next
             await asyncio.to_thread(predictions.close)
         if owned is not None:

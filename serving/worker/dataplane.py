@@ -23,7 +23,9 @@ from serving.embeddings.batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
 from serving.worker.errors import BadRequest, ModelNotReady, NotFound, UnknownEndpoint, Unavailable, Unprocessable
 from serving.worker.lifecycle import RequestLife, RequestStats, request_life
+from serving.worker.feedback import FeedbackClient
 from serving.worker.prediction_capture import PredictionCapture
+from serving.prediction_log.prediction import predicted
 from serving.worker.runtime import Config, EndpointRuntime, Target
 from serving.worker.shadow import ShadowMirror
 from serving.worker.version_stats import VersionStatistics
@@ -58,6 +60,7 @@ class DataPlane:
         self.encoders = EncoderBatching(lambda: self.config.current)  # encoder endpoints' token batchers
         self.predictions = PredictionCapture(config)  # the prediction log's records (prediction_capture.py)
         self.shadow.logged = self.predictions.shadow
+        self.feedback_client: FeedbackClient | None = None  # set by the app: ground truth goes to statistics
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -155,6 +158,13 @@ class DataPlane:
                 self.shadow.fire(self.shadow.pick(ep, inputs, tensors=True), target, outputs)
             return target, outputs
 
+    async def feedback(self, name: str, body: Any, client: str | None = None) -> dict[str, Any]:
+        """Ground truth for one of the endpoint's requests (feedback.py): the join, or a 4xx naming why not."""
+        self.endpoint(name)
+        if self.feedback_client is None:
+            raise Unavailable("this worker takes no feedback: it has no statistics service")
+        return await self.feedback_client.send(name, body, client)
+
     def life(self, endpoint: str, version: int | None, client: str | None) -> AbstractContextManager[RequestLife]:
         """A request's life on this data plane (lifecycle.py): every path runs in one, the LLM's too."""
         stats = RequestStats(endpoint, version=version, client=client)
@@ -232,5 +242,9 @@ class DataPlane:
             event["key"] = stats.client
         if stats.request_id is not None:
             event["request_id"] = stats.request_id
+        if stats.captured is not None and status == 200:
+            prediction = predicted(stats.captured.outputs)  # what feedback will be joined to (ground_truth.py)
+            if prediction is not None:
+                event["prediction"] = prediction
         event.update(stats.extra)
         self.recorder.record(event)

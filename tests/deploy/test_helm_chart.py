@@ -416,6 +416,9 @@ def test_workers_log_predictions_to_a_topic_of_the_release_when_the_chart_has_ka
 
     default = worker_config()
     assert (default["SERVING_PREDICTION_LOG_SINK"], default["SERVING_PREDICTION_LOG_TOPIC"]) == ("kafka", "demo-predictions")
+    # feedback is joined by the statistics service over HTTP, with Kafka or without
+    assert default["SERVING_STATISTICS_HOST"] == "demo-serving-statistics"
     assert worker_config("predictionLogTopic: team-a-predictions")["SERVING_PREDICTION_LOG_TOPIC"] == "team-a-predictions"
     none = worker_config("kafka: {enabled: false}")
     assert "SERVING_KAFKA_BOOTSTRAP_SERVERS" not in none and "SERVING_PREDICTION_LOG_SINK" not in none
+    assert none["SERVING_STATISTICS_HOST"] == "demo-serving-statistics"

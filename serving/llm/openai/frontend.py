@@ -19,7 +19,7 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from serving.worker.errors import PayloadTooLarge, ServingError, TooLarge
+from serving.worker.errors import BadRequest, PayloadTooLarge, ServingError, TooLarge
 from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, parse_json, read_body
 from serving.embeddings.openai import embed, encoder_task
 from serving.llm.relay.hints import SESSION_HEADER
@@ -30,7 +30,8 @@ from serving.worker.lifecycle import CLIENT_CLOSED
 
 PREFIX = "/serve/openai/v1"
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+          404: "invalid_request_error", 409: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error"}
 _CODES = {401: "invalid_api_key", 403: "endpoint_not_allowed", 404: "model_not_found", 429: "rate_limit_exceeded",
           503: "engine_unavailable", 504: "timeout"}
 T = TypeVar("T")
@@ -187,9 +188,24 @@ def openai_router(generation: Generation, max_body_bytes: int) -> APIRouter:
         except ServingError as exc:
             return openai_error(exc)
 
+    @router.post("/feedback")
+    async def feedback(request: Request) -> Response:
+        """Ground truth for an answer: ``{"model", "request_id", "label" | "value"}`` (serving/worker/feedback.py)."""
+        try:
+            doc = parse_json(await read_body(request, max_body_bytes))
+            model = doc.get("model") if isinstance(doc, dict) else None
+            if not isinstance(model, str) or not model:
+                raise BadRequest("feedback names its endpoint in 'model', as the request did")
+            name, _ = split_model(model)
+            client = keys.check_authorization(request.headers.get("authorization"), name)
+            joined = await generation.dataplane.feedback(name, {k: v for k, v in doc.items() if k != "model"}, client)
+        except ServingError as exc:
+            return openai_error(exc)
+        return json_response(joined)
+
     @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
     async def elsewhere(request: Request, rest: str) -> Response:
-        known = rest.strip("/") in (*ROUTES, "models")
+        known = rest.strip("/") in (*ROUTES, "models", "feedback")
         status = 405 if known else 404
         message = (f"{request.method} is not allowed on {PREFIX}/{rest}" if known else
                    f"no route {PREFIX}/{rest}; the routes are {', '.join(ROUTES)} (POST) and models (GET)")

@@ -16,7 +16,8 @@ from fastapi import Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
-from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, answer_response, json_response, read_serve_body
+from serving.worker.frontends.body import (ROUTING_HEADER, VERSION_HEADER, answer_response, json_response, parse_json,
+                                          read_decoded_body, read_serve_body)
 from serving.worker.frontends.openapi_bodies import SERVE_BODY
 
 
@@ -36,6 +37,8 @@ def _pattern(template: str) -> re.Pattern[str]:
 
 
 _MATCHERS = [_pattern(template) for template in SERVE_PATHS]
+FEEDBACK_PATH = "/serve/{endpoint}/feedback"  # ground truth for a request (serving/worker/feedback.py)
+_FEEDBACK = _pattern(FEEDBACK_PATH)
 
 
 def parse_version(text: str) -> int:
@@ -57,6 +60,12 @@ async def serve(dataplane: DataPlane, max_body_bytes: int, request: Request, end
         raise
     answer = await dataplane.infer(endpoint, body, pinned, headers.get(ROUTING_HEADER), client=client)
     return answer_response(answer.body, headers={VERSION_HEADER: str(answer.target.version)})
+
+
+async def feedback(dataplane: DataPlane, max_body_bytes: int, request: Request, endpoint: str) -> Response:
+    client = dataplane.keys.check_authorization(request.headers.get("authorization"), endpoint)
+    body = parse_json(await read_decoded_body(request, max_body_bytes))
+    return json_response(await dataplane.feedback(endpoint, body, client))
 
 
 def error_response(exc: ServingError) -> Response:
@@ -92,6 +101,17 @@ def openapi_paths() -> dict[str, dict]:
         operation_id = "serve_" + "_".join(_PARAMETER.findall(template))
         paths[template] = {"post": {"summary": summary, "operationId": operation_id, "parameters": parameters,
                                     **SERVE_BODY, "responses": responses}}
+    paths[FEEDBACK_PATH] = {"post": {
+        "summary": "Ground truth for one request: its X-Request-Id and the true label or value (docs/prediction-log.md)",
+        "operationId": "serve_feedback", "parameters": parameters[:1],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["request_id"], "properties": {
+                "request_id": {"type": "string"}, "label": {"type": ["string", "integer"]}, "value": {"type": "number"}}}}}},
+        "responses": {"200": {"description": "joined: the request's version, prediction and whether it was right",
+                              "content": {"application/json": {"schema": {}}}},
+                      **{code: {"description": why, **error} for code, why in (
+                          ("400", "not a request id with one label or value"), ("404", "unknown endpoint or request id"),
+                          ("409", "the request has its feedback already"), ("503", "no statistics service to join it"))}}}}
     return paths
 
 
@@ -112,7 +132,10 @@ class ServeRoute:
             if match is not None:
                 request = Request(scope, receive, send)
                 try:
-                    response = await serve(self.dataplane, self.max_body_bytes, request, *match)
+                    found = _FEEDBACK.fullmatch(path)
+                    response = await (feedback(self.dataplane, self.max_body_bytes, request, found["endpoint"])
+                                      if found is not None and found["endpoint"] not in RESERVED else
+                                      serve(self.dataplane, self.max_body_bytes, request, *match))
                 except ServingError as exc:
                     response = error_response(exc)
                 await response(scope, receive, send)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError
-from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, read_decoded_body
+from serving.worker.frontends.body import ROUTING_HEADER, VERSION_HEADER, json_response, parse_json, read_decoded_body
 from serving.worker.frontends.openapi_bodies import V2_INFER_BODY
 from serving.worker.frontends.serve_rest import parse_version
 from serving.worker.frontends.v2_codec import HEADER_LENGTH, decode_request, encode_response
@@ -104,5 +104,12 @@ def v2_router(dataplane: DataPlane, max_body_bytes: int) -> APIRouter:
     @router.post("/models/{name}/versions/{version}/infer", openapi_extra=V2_INFER_BODY)
     async def infer_version(name: str, version: str, request: Request) -> Response:
         return await infer(request, name, version)
+
+    @router.post("/models/{name}/feedback")
+    async def feedback(name: str, request: Request) -> Response:
+        """Ground truth for a request of this model: ``{"request_id", "label" | "value"}`` (feedback.py)."""
+        key = client(request, name)
+        body = parse_json(await read_decoded_body(request, max_body_bytes))
+        return json_response(await dataplane.feedback(name, body, key))
 
     return router

@@ -624,3 +624,42 @@ def test_an_upload_needs_the_sessions_csrf_token(stack, admin, archive):
         assert httpx.post(url, files=files, data=form, cookies=jar).status_code == 403
     ok = httpx.post(url, files=files, data={"csrf": csrf}, cookies=jar, timeout=30)
     assert ok.status_code == 200 and hashlib.sha256(b"\x89PNG").hexdigest() in ok.text
+
+
+def test_the_prediction_log_set_from_the_page_and_live_accuracy_shown(stack, admin, demo, shots):
+    """docs/prediction-log.md: the page sets what the log keeps (through the API, audited as the signed-in
+    user); requests then logged and given their ground truth show as each version's live accuracy."""
+    from selenium.webdriver.common.by import By
+
+    admin.get(console(stack, f"/endpoint?name={EP}"))
+    shown(admin, "prediction-log", "Prediction log: off")
+    sample = admin.find_element(By.ID, "log-sample")
+    sample.clear()
+    sample.send_keys("100")
+    admin.find_element(By.ID, "log-redact").send_keys(r"secret-\w+")
+    admin.find_element(By.ID, "prediction-log-set").click()
+    shown(admin, "flash", "done, set what the prediction log keeps")
+    with stack.api() as api:
+        assert api.get(f"/endpoints/{EP}").json()["prediction_log"]["redact"] == [r"secret-\w+"]
+        mine = [e for e in api.get("/audit").json() if e["action"] == "PUT /endpoints/{name}/prediction-log"]
+    assert mine and mine[0]["actor"] == "bootstrap-admin"
+    labelled: dict[str, int] = {}
+
+    def one_labelled() -> bool:  # until the worker has the new config and the statistics service the event
+        r = httpx.post(f"{stack.worker_url()}/serve/{EP}", json={"text": TEXTS[0]}, timeout=10)
+        version = r.headers["X-Model-Version"]
+        fb = httpx.post(f"{stack.worker_url()}/serve/{EP}/feedback", timeout=10,
+                        json={"request_id": r.headers["X-Request-Id"], "label": r.json()["label"]})
+        if fb.status_code == 200:
+            labelled[version] = labelled.get(version, 0) + 1
+        return bool(labelled)
+    wait_until(one_labelled, 60, "a logged request given its label", interval=0.5)
+    (version, count), = labelled.items()
+    admin.get(console(stack, f"/endpoint?name={EP}"))
+    shown(admin, "prediction-log", "Prediction log: 100.0 % of requests")
+    row = admin.find_element(By.CSS_SELECTOR, f"tr[data-version='{version}']")
+    assert row.find_element(By.CSS_SELECTOR, "td.labelled").text == str(count)
+    assert row.find_element(By.CSS_SELECTOR, "td.accuracy").text == "100.0 %"
+    admin.save_screenshot(str(shots / "prediction-log.png"))
+    with stack.api() as api:
+        api.put(f"/endpoints/{EP}/prediction-log", json={"sample": 0}).raise_for_status()

@@ -46,6 +46,15 @@ def scraped(prom: Prometheus, stats_service: Service) -> set[str]:
                 for v, state in ((4, "failed"), (2, "ready"))]
     httpx.post(stats_service.url + "/events", json=outcomes, headers=stats_service.headers,
                timeout=10).raise_for_status()
+    # the prediction log's counts, and a logged prediction given its ground truth (docs/prediction-log.md)
+    logged = [{"endpoint": "dash-e", "version": None, "prediction_log": {"written": 3, "dropped": 1}},
+              {"endpoint": "dash-e", "version": 1, "status": 200, "request_id": "dash-labelled",
+               "prediction": {"label": "POSITIVE"}}]
+    httpx.post(stats_service.url + "/events", json=logged, headers=stats_service.headers,
+               timeout=10).raise_for_status()
+    httpx.post(stats_service.url + "/feedback", json={"endpoint": "dash-e", "request_id": "dash-labelled",
+                                                      "label": "POSITIVE"},
+               headers=stats_service.headers, timeout=10).raise_for_status()
     prom.wait_for('count(serving_drift_psi{endpoint="dash-e"})', lambda v: v >= 3)
     names = {s.name for f in text_string_to_metric_families(stats_service.metrics()) for s in f.samples}
     # Prometheus has every family once a scrape after the last events is in (its interval is seconds)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from registry.rollout_metrics import PrometheusSource, StatisticsServiceSource, Window, quantile
-from registry.rollouts import gate_failure
+from registry.rollout_metrics import PrometheusSource, Quality, StatisticsServiceSource, Window, quantile
+from registry.rollouts import accuracy_verdict, gate_failure
 from tests.serving.statistics.support import Prometheus, Service, run_workers
 from tests.serving.statistics.worker_sim import make_events
 
@@ -27,6 +27,19 @@ def test_quantile_interpolates_like_histogram_quantile():
 ])
 def test_gates(window, gates, words):
     assert gate_failure(window, gates) == words
+
+
+@pytest.mark.parametrize("candidate,stable,gates,hold,failure", [
+    (Quality(50, 0.80), Quality(400, 0.83), {"max_accuracy_drop": 0.05, "min_labelled": 50}, None, None),
+    (Quality(50, 0.70), Quality(400, 0.83), {"max_accuracy_drop": 0.05, "min_labelled": 50}, None,
+     "live accuracy 70.0% < the stable version's 83.0% less 5.0% (over 50 and 400 labelled requests)"),
+    (Quality(49, 0.10), Quality(400, 0.83), {"max_accuracy_drop": 0.05, "min_labelled": 50},
+     "holding: 49 labelled request(s) of the candidate and 400 of the stable version, 50 each needed to judge accuracy",
+     None),
+    (Quality(0, None), Quality(0, None), {}, None, None),  # no accuracy gate: nothing to judge
+])
+def test_the_accuracy_gate(candidate, stable, gates, hold, failure):
+    assert accuracy_verdict(candidate, stable, gates) == (hold, failure)
 
 
 def test_both_sources_agree_on_a_versions_window(prom: Prometheus, stats_service: Service) -> None:
