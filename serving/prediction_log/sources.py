@@ -1,6 +1,7 @@
 """Where ``serving log export`` reads prediction-log records from, one at a time (never all at once):
-the ``files`` sink's folder, or the ``kafka`` sink's topic from its first offset to the end it had when
-the read started (records written meanwhile wait for the next export)."""
+the ``files`` sink's folder, or the ``kafka`` sink's topic from its first offset to about the end it
+had when the read started (what the broker's last fetch brings is read whole; later records wait for
+the next export)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,15 +50,14 @@ def kafka_records(bootstrap: str, topic: str, progress: Progress = lambda n: Non
             if not batch:
                 break  # the broker went quiet before the ends it named: stop with what was read
             for tp, messages in batch.items():
-                for message in messages:
-                    if tp in ends and message.offset < ends[tp]:
-                        progress(1)
-                        try:
-                            record = orjson.loads(message.value)
-                        except orjson.JSONDecodeError:
-                            continue
-                        if isinstance(record, dict):
-                            yield record
+                for message in messages:  # a fetch past the end (written meanwhile) is read whole: a
+                    progress(1)           # broker may name the last batch's start as its end (Tansu)
+                    try:
+                        record = orjson.loads(message.value)
+                    except orjson.JSONDecodeError:
+                        continue
+                    if isinstance(record, dict):
+                        yield record
                 if tp in ends and consumer.position(tp) >= ends[tp]:
                     del ends[tp]
     finally:
