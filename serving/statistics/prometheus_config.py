@@ -51,7 +51,8 @@ def prometheus_command(config: Path, data_dir: Path, listen: str, binary: str = 
 
 def start_prometheus(workdir: Path, statistics_targets: Sequence[str], listen: str,
                      triton_targets: Sequence[str] = (), scrape_interval: str = "15s",
-                     timeout: float = 60.0, llm_targets: Sequence[str] = ()) -> subprocess.Popen:
+                     timeout: float = 60.0, llm_targets: Sequence[str] = (),
+                     rule_files: Sequence[Path] = (ALERT_RULES,)) -> subprocess.Popen:
     """Write the config under ``workdir`` and start Prometheus in its own session (so a
     supervisor can stop it with its process group); returns once it answers ``/-/ready``.
 
@@ -63,7 +64,7 @@ def start_prometheus(workdir: Path, statistics_targets: Sequence[str], listen: s
         raise FileNotFoundError("prometheus is not installed (e.g. apt-get install prometheus)")
     config = write_prometheus_config(workdir / "prometheus.yml", statistics_targets,
                                      triton_targets=triton_targets, llm_targets=llm_targets,
-                                     scrape_interval=scrape_interval)
+                                     scrape_interval=scrape_interval, rule_files=rule_files)
     with open(workdir / "prometheus.log", "ab") as log:
         proc = subprocess.Popen(prometheus_command(config, workdir / "data", listen, binary), cwd=workdir,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
