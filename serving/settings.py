@@ -26,6 +26,10 @@ class CommonSettings(BaseSettings):
     # TorchServe's install_py_dep_per_model: a TorchServe archive's requirements.txt is installed by the
     # workers (serving/torchserve/); off, such an archive is refused at upload (docs/torchserve.md)
     install_py_dep_per_model: bool = False
+    # tracing (docs/tracing.md): an OTLP/HTTP collector (http://collector:4318); unset: off. The worker, the
+    # embedded Triton and the LLM launcher's vLLM engines export there. sample: the share of new traces kept
+    tracing_otlp_endpoint: str | None = None
+    tracing_sample: float = Field(1.0, ge=0.0, le=1.0)
 
     def resolved_artifact_dir(self) -> Path:
         return self.artifact_dir or self.home / "artifacts"

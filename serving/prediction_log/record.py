@@ -83,11 +83,13 @@ def capped(value: Any, policy: LogPolicy) -> Any:
 
 def build(captured: Captured, *, request_id: str | None, endpoint: str, version: int | None, status: int,
           latency_s: float, error: str | None = None, client: str | None = None,
-          shadow: bool = False, ts: float | None = None) -> dict[str, Any]:
+          shadow: bool = False, ts: float | None = None, trace_id: str | None = None) -> dict[str, Any]:
     policy = captured.policy
     record: dict[str, Any] = {"request_id": request_id, "ts": time.time() if ts is None else ts,
                               "endpoint": endpoint, "version": version, "status": status,
                               "latency_s": round(latency_s, 6), "shadow": shadow}
+    if trace_id:
+        record["trace_id"] = trace_id
     fields = policy.fields
     if "inputs" in fields:
         record["inputs"] = capped(jsonable(captured.inputs, policy), policy)

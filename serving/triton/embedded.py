@@ -451,7 +451,7 @@ def _run_once(settings: TritonSettings, stop: threading.Event, threads: int | No
     repo_dir.mkdir(parents=True)
     host = settings.triton_host
     command = server_command(workspace, repo_dir, host, settings.triton_http_port, settings.triton_grpc_port,
-                             settings.triton_metrics_port)
+                             settings.triton_metrics_port, tracing=settings.tracing_otlp_endpoint)
     http_url = f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{settings.triton_http_port}"
     server = start_server(command)
     subscriber: ConfigSubscriber | None = None

@@ -177,8 +177,21 @@ def control_call(http_url: str, headers: dict[str, str], timeout: float, method:
         client.close()
 
 
+def trace_args(endpoint: str | None) -> list[str]:
+    """Triton's OpenTelemetry mode, exporting to the platform's collector (docs/tracing.md). Every request
+    that reaches Triton is traced (rate 1): the worker's sampler already chose which traces are kept, and
+    Triton continues the worker's trace from the ``traceparent`` in the request's gRPC metadata."""
+    if not endpoint:
+        return []
+    from serving.tracing.spans import traces_url
+
+    return ["--trace-config=mode=opentelemetry", "--trace-config=level=TIMESTAMPS", "--trace-config=rate=1",
+            "--trace-config=count=-1", f"--trace-config=opentelemetry,url={traces_url(endpoint)}",
+            "--trace-config=opentelemetry,resource=service.name=triton"]
+
+
 def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, grpc_port: int,
-                   metrics_port: int) -> ServerCommand:
+                   metrics_port: int, tracing: str | None = None) -> ServerCommand:
     """tritonserver's command line and environment (what PyTriton builds, minus its proxy)."""
     root = pytriton_root()
     backends = prepare_backends(workspace)
@@ -196,7 +209,7 @@ def server_command(workspace: Path, repo_dir: Path, host: str, http_port: int, g
         f"--backend-config=python,shm-region-prefix-name={prefix}",
         f"--backend-config=python,shm-default-byte-size={SHM_DEFAULT_BYTES}",
         f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
-        "--exit-timeout-secs=5", "--log-verbose=0", "--log-info=false",
+        "--exit-timeout-secs=5", "--log-verbose=0", "--log-info=false", *trace_args(tracing),
     ]
     env = dict(os.environ)
     libs = [sysconfig.get_config_var("LIBDIR") or "", str(root.parent.parent / "nvidia_pytriton.libs")]

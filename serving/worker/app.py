@@ -32,7 +32,9 @@ from serving.worker.frontends.torchserve import torchserve_router
 from serving.worker.frontends.v2 import v2_router
 from serving.llm.relay.generation import Generation
 from serving.worker.pipeline import RequestSender
+from serving.tracing import spans
 from serving.worker.request_ids import RequestIds
+from serving.worker.tracing_layer import TracingLayer
 from serving.worker.stats_exchange import StatsExchange, group
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,21 @@ def _start_prediction_log(settings: WorkerSettings, dataplane: DataPlane) -> Any
     return writer
 
 
+def _refuse(path: str, exc: ServingError) -> Response:
+    """An error before any front end ran (a malformed traceparent), in the shape of the one the path is for."""
+    from serving.embeddings.tei import tei_error
+    from serving.llm.openai.frontend import openai_error
+    from serving.worker.frontends.torchserve import ts_error
+
+    if path.startswith("/serve/openai/"):
+        return openai_error(exc)
+    if path.startswith("/serve/tei/"):
+        return tei_error(exc)
+    if path.startswith(("/predictions/", "/explanations/", "/ping")):
+        return ts_error(exc)
+    return error_response(exc)
+
+
 def _feedback_client(settings: WorkerSettings, predictions: Any) -> Any:
     """Ground truth goes to the statistics service, which joins it (serving/worker/feedback.py)."""
     from serving.credentials import worker_token
@@ -180,6 +197,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = None
         sender.loop = asyncio.get_running_loop()
+        spans.configure(settings.tracing_otlp_endpoint, settings.tracing_sample, "serving-worker")
         if dataplane.recorder is None and settings.statistics_enabled:
             owned = dataplane.recorder = _start_recorder(settings, sync)
         sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
@@ -208,6 +226,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
             await asyncio.to_thread(predictions.close)
         if owned is not None:
             owned.close()
+        await asyncio.to_thread(spans.shutdown)  # the spans still buffered go out
 
     app = FastAPI(title="serving worker", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.dataplane = dataplane
@@ -215,6 +234,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     counts: dict[str, int] = {"internal_errors": 0}
     app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(LastResort, counts=counts)  # outside ServeRoute
+    app.add_middleware(TracingLayer, refuse=_refuse)  # traceparent checked, the request's span, ids in error bodies
     app.add_middleware(RequestIds)  # added last: outermost, so every answer has its X-Request-Id
     _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))

@@ -17,6 +17,7 @@ import numpy as np
 
 from preprocess.base import InputOutOfRange, PreprocessError
 from preprocess.tensors import clearml_outputs, to_model_inputs
+from serving.tracing import spans
 from serving.worker import canary_split, request_ids
 from serving.worker.client_keys import ClientKeys
 from serving.embeddings.batching import EncoderBatching, encoder_of
@@ -76,6 +77,13 @@ class DataPlane:
         raise UnknownEndpoint(name, known)
 
     def route(self, ep: EndpointRuntime, version: int | None, routing_key: str | None) -> Target:
+        with spans.span("route", **{"serving.endpoint": ep.name}) as span:
+            target = self._route(ep, version, routing_key)
+            if span is not None:
+                span.set_attribute("serving.version", target.version)
+            return target
+
+    def _route(self, ep: EndpointRuntime, version: int | None, routing_key: str | None) -> Target:
         if version is None:
             return canary_split.choose(ep.targets, ep.weights, routing_key)
         target = ep.version(version)
@@ -110,12 +118,15 @@ class DataPlane:
             processor = ep.processor_for(target)
             engine = self.engines[ep.engine]
             if getattr(engine, "runs_user_process", False) and getattr(processor, "one_hop", False):
-                answer = await processor.run_steps(body, state, stats.collect, stats.stage)  # custom: one hop
+                with spans.span("engine", **{"serving.engine": ep.engine, "serving.version": target.version}):
+                    answer = await processor.run_steps(body, state, stats.collect, stats.stage)  # custom: one hop
             else:
-                data = await processor.preprocess(body, state, stats.collect)
+                with spans.span("preprocess"):
+                    data = await processor.preprocess(body, state, stats.collect)
                 stats.stage("preprocess")
                 if engine.kind == "python":
-                    data = await engine.run(target, processor, data, state, stats.collect)
+                    with spans.span("engine", **{"serving.engine": ep.engine, "serving.version": target.version}):
+                        data = await engine.run(target, processor, data, state, stats.collect)
                 else:
                     target, outputs = await self._run(ep, target, data, pinned=version is not None,
                                                       pad=getattr(processor, "pad_values", None),
@@ -124,7 +135,8 @@ class DataPlane:
                     data = outputs if processor.outputs_form == "dict" else clearml_outputs(outputs,
                                                                                             ep.declared_outputs)
                 stats.stage("inference")
-                answer = await processor.postprocess(data, state, stats.collect)
+                with spans.span("postprocess"):
+                    answer = await processor.postprocess(data, state, stats.collect)
                 stats.stage("postprocess")
             self._account(life, processor, led)
             if stats.captured is not None:
@@ -190,10 +202,11 @@ class DataPlane:
                     encoder: Any, led: list[int] | None) -> dict[str, np.ndarray]:
         engine = self.engines[ep.engine]
         inputs = to_model_inputs(data, target.inputs, ep.declared_inputs)
-        if encoder is None:
-            return await engine.infer(target, inputs, pad)
-        lengths = np.asarray(data["attention_mask"]).sum(axis=1)
-        return await self.encoders.run(ep.name, engine, target, inputs, lengths, pad or {}, encoder, led)
+        with spans.span("engine", **{"serving.engine": ep.engine, "serving.version": target.version}):
+            if encoder is None:
+                return await engine.infer(target, inputs, pad)
+            lengths = np.asarray(data["attention_mask"]).sum(axis=1)
+            return await self.encoders.run(ep.name, engine, target, inputs, lengths, pad or {}, encoder, led)
 
     def _account(self, life: RequestLife, processor: Any, led: list[int]) -> None:
         """An encoder's request: its ``embedding`` counts in the event, with the token batches it

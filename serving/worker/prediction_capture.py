@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from serving.prediction_log.record import Captured, build
 from serving.prediction_log.writer import PredictionLog
+from serving.tracing import spans
 from serving.worker import request_ids
 from serving.worker.lifecycle import RequestStats
 from serving.worker.runtime import Config, EndpointRuntime, Target
@@ -44,7 +45,7 @@ class PredictionCapture:
         try:
             self.log.offer(build(stats.captured, request_id=stats.request_id, endpoint=stats.endpoint,
                                  version=stats.version, status=status, latency_s=time.perf_counter() - stats.t0,
-                                 error=stats.error, client=stats.client, ts=time.time()))
+                                 error=stats.error, client=stats.client, ts=time.time(), trace_id=spans.trace_id()))
         except Exception:  # never the request's problem
             log.exception("prediction log: building the record of %s", stats.request_id)
 
@@ -58,6 +59,7 @@ class PredictionCapture:
         captured.inputs, captured.outputs, captured.usage = request, answer, usage
         try:
             self.log.offer(build(captured, request_id=request_id, endpoint=ep.name, version=target.version,  # type: ignore[union-attr]
-                                 status=status, latency_s=latency_s, error=error, shadow=True))
+                                 status=status, latency_s=latency_s, error=error, shadow=True,
+                                 trace_id=spans.trace_id()))
         except Exception:
             log.exception("prediction log: building the shadow record of %s", request_id)

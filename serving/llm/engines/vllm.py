@@ -45,6 +45,7 @@ import aiohttp
 import httpx
 import orjson
 
+from serving.tracing import spans
 from serving.llm.naming import adapter_name, target_engine
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
 from serving.llm.engines.openai_stream import EngineStream, Upstream
@@ -278,12 +279,13 @@ class VllmEngine:
     async def _post(self, url: str, data: bytes) -> aiohttp.ClientResponse:
         """On a pooled connection; one the engine closed just as it was reused is sent once more anew."""
         sent = {"reused": False}
+        trace = spans.headers()  # the engine span's context: vLLM's own spans join the trace (docs/tracing.md)
         try:
-            return await self.session().post(url, data=data, trace_request_ctx=sent)
+            return await self.session().post(url, data=data, trace_request_ctx=sent, headers=trace or None)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             if isinstance(exc, aiohttp.ClientConnectorError) or not sent["reused"]:
                 raise
-        return await self.fresh_session().post(url, data=data)
+        return await self.fresh_session().post(url, data=data, headers=trace or None)
 
     async def _read(self, target: Target, response: aiohttp.ClientResponse) -> bytes:
         try:

@@ -267,9 +267,9 @@ class Launcher:
             self._set(replica, "failed", room)  # tried again at each tick: an engine stopped frees room
             return
         command = vllm_command(Path(python), engine.spec, engine.model_dir, replica.port, self.settings.vllm_kv_cache_gb,
-                               self.settings.vllm_default_args)
+                               self.settings.vllm_default_args, self.settings.tracing_otlp_endpoint)
         replica.log_path = self.log_dir / f"{replica.name.replace('/', '_')}.log"
-        placement |= engine_env(engine.spec)
+        placement |= engine_env(engine.spec, self.settings.tracing_otlp_endpoint)
         child = Child(replica.name, [], None, spawn=lambda: self._process(replica, command, placement))
         replica.supervisor.start(child)
         replica.spawned_at = time.monotonic()

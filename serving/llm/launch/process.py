@@ -92,7 +92,7 @@ def lora_flags(w: _Wanted) -> tuple[int, int] | None:
 
 
 def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_cache_gb: float,
-                 default_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+                 default_args: list[str] | tuple[str, ...] = (), tracing: str | None = None) -> list[str]:
     """vLLM's OpenAI server on 127.0.0.1:port for this engine; options map onto vLLM's own flags.
     ``default_args`` (``SERVING_VLLM_DEFAULT_ARGS``) come first: vLLM takes the last of a flag given twice,
     so the platform's own flags, the endpoint's options and its ``extra_args`` all win over them."""
@@ -109,13 +109,21 @@ def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_
         cmd += ["--kv-cache-memory-bytes", str(int(float(kv_gb) * GIB))]
     if spec.lora is not None:
         cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora[0]), "--max-loras", str(spec.lora[1])]
+    if tracing:  # vLLM's OpenTelemetry spans, continuing the worker's trace from each request's traceparent
+        from serving.tracing.spans import traces_url
+
+        cmd += ["--otlp-traces-endpoint", traces_url(tracing)]
     return cmd + list(opts.get("extra_args") or [])
 
 
-def engine_env(spec: EngineSpec) -> dict[str, str]:
+def engine_env(spec: EngineSpec, tracing: str | None = None) -> dict[str, str]:
     """What an engine's environment needs beyond its placement: adapters loaded at runtime need vLLM's
-    ``/v1/load_lora_adapter``, which it serves only with this set."""
-    return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if spec.lora is not None else {}
+    ``/v1/load_lora_adapter``, which it serves only with this set; with tracing, OTLP over HTTP (vLLM's
+    exporter defaults to gRPC) and the service's name in its spans."""
+    env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if spec.lora is not None else {}
+    if tracing:
+        env |= {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": "vllm"}
+    return env
 
 
 def start_engine(command: list[str], log_path: Path, placement: dict[str, str] | None = None) -> subprocess.Popen:

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Callable
 import orjson
 
 from preprocess.base import PreprocessError
+from serving.tracing import spans
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import NotFound, ServingError
 from serving.worker.lifecycle import CLIENT_CLOSED, RequestLife, RequestStats
@@ -88,7 +89,8 @@ class Generation:
             if stats.captured is not None:  # the prediction log keeps it: the request as the client sent it
                 stats.captured.inputs = request
             processor = ep.processor_for(target) if ep.preprocess_kind == "user" else None
-            request = await _preprocess(processor, request, life.state, stats)
+            with spans.span("preprocess"):
+                request = await _preprocess(processor, request, life.state, stats)
             stats.stage("preprocess")
             await _check_context(engine, target, route, request)
             copies = self.shadow.pick(ep, route, request) if version is None else None
@@ -97,12 +99,19 @@ class Generation:
                 wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
                 upstream = {**request, "stream_options": {**(request.get("stream_options") or {}),
                                                           "include_usage": True}}
-                stream = await engine.stream(target, route, upstream, hint)
+                engine_span = spans.start("engine", **{"serving.engine": ep.engine, "serving.version": target.version})
+                try:
+                    with spans.within(engine_span):  # the stream's request carries this span's context
+                        stream = await engine.stream(target, route, upstream, hint)
+                except BaseException as exc:
+                    spans.end(engine_span, getattr(exc, "status", 500))
+                    raise
                 life.hand_off()
                 timer = GenerationTimer(stats.t0, stream=True)
                 compare = None if copies is None else (lambda texts: self.shadow.fire(copies, target, route, texts))
-                return Generated(target, events=self._relay(stream, life, wants_usage, timer, compare))
-            answer = await engine.post(target, route, request, hint)
+                return Generated(target, events=self._relay(stream, life, wants_usage, timer, compare, engine_span))
+            with spans.span("engine", **{"serving.engine": ep.engine, "serving.version": target.version}):
+                answer = await engine.post(target, route, request, hint)
             stats.stage("inference")
             await _fill_usage(engine, target, route, request, answer)
             stats.extra["usage"] = _usage(answer.get("usage"))
@@ -114,13 +123,15 @@ class Generation:
                 stats.captured.outputs, stats.captured.usage = completions(texts), stats.extra["usage"]
             _charge(life)
             if processor is not None:
-                answer = await processor.postprocess(answer, life.state, stats.collect)
+                with spans.span("postprocess"):
+                    answer = await processor.postprocess(answer, life.state, stats.collect)
             stats.stage("postprocess")
             self.shadow.fire(copies, target, route, texts)
             return Generated(target, body=answer)
 
     async def _relay(self, stream: GenerationStream, life: RequestLife, wants_usage: bool,
-                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None] | None) -> AsyncIterator[bytes]:
+                     timer: GenerationTimer, ended: Callable[[dict[int, str]], None] | None,
+                     engine_span: Any = None) -> AsyncIterator[bytes]:
         """Each read of the engine on as it comes, in one write. The engine is always asked for usage (the
         statistics need it); a client that did not ask gets no usage chunk. A read of tokens only goes on
         as its bytes (api.py's StreamBatch); the events of any other are looked at one by one. A stream
@@ -165,6 +176,7 @@ class Generation:
             yield b"data: " + orjson.dumps(error) + b"\n\n"
         finally:
             await stream.aclose()
+            spans.end(engine_span, status)  # the engine's span lasts as long as its stream
             stats.stage("inference")
             stats.extra["usage"] = _usage(usage)
             stats.extra["llm"] = timer.event(stats.extra["usage"])

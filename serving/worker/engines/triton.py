@@ -16,6 +16,7 @@ import numpy as np
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import np_to_triton_dtype
 
+from serving.tracing import spans
 from serving.triton.loader_client import ColdLoadError, LoaderClient
 from serving.triton.shapes import from_api, to_api
 from serving.worker.batcher import MicroBatcher
@@ -106,8 +107,10 @@ class TritonEngine:
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
         outputs = [InferRequestedOutput(n) for n in target.output_names]
+        trace = spans.headers()  # gRPC metadata: Triton's OpenTelemetry spans join the trace (docs/tracing.md)
         result = await self.channels.run(target.triton_name, lambda client: client.infer(
-            target.triton_name, tensors, outputs=outputs or None, client_timeout=self.timeout_s))
+            target.triton_name, tensors, outputs=outputs or None, client_timeout=self.timeout_s,
+            headers=trace or None))
         names = target.output_names or [o.name for o in result.get_response().outputs]
         return from_api({n: result.as_numpy(n) for n in names}, target.padded)
 

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from serving.tracing import spans, traceparent
 from serving.worker import request_ids
 from serving.worker.dataplane import DataPlane
 from serving.worker.errors import ServingError, UnknownEndpoint
@@ -49,6 +50,10 @@ def status_of(exc: ServingError) -> tuple[grpc.StatusCode, str, tuple[tuple[str,
     return CODES.get(exc.status, grpc.StatusCode.INTERNAL), message, ((RETRY_AFTER, retry),) if retry else ()
 
 
+async def _checked(given: str) -> None:
+    traceparent.check(given)  # malformed: INVALID_ARGUMENT naming the metadata
+
+
 def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {k.lower(): v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
 
@@ -57,13 +62,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, dataplane: DataPlane) -> None:
         self.dataplane = dataplane
 
-    async def _answer(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]]) -> T:
+    async def _answer(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]],
+                      rpc: str = "inference.GRPCInferenceService") -> T:
         """Run one call under its request id (request_ids.py: the ``x-request-id`` metadata when usable, else a
         new one, sent back in the initial metadata); errors become statuses, never UNKNOWN with a traceback."""
-        name = request_ids.HEADER.decode()
-        with request_ids.serving(request_ids.choose(_metadata(context).get(name))) as rid:
+        name, metadata = request_ids.HEADER.decode(), _metadata(context)
+        with request_ids.serving(request_ids.choose(metadata.get(name))) as rid:
             await context.send_initial_metadata(((name, rid),))
-            return await self._run(context, work)
+            given = metadata.get(traceparent.HEADER)  # the client's trace, continued (serving/tracing/)
+            if given is not None:
+                await self._run(context, lambda: _checked(given))
+            with spans.request_span(f"gRPC {rpc}", given, **{"serving.request_id": rid}):
+                return await self._run(context, work)
 
     async def _run(self, context: grpc.aio.ServicerContext, work: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -159,7 +169,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, work)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._answer(context, lambda: self._infer(request, context))
+        return await self._answer(context, lambda: self._infer(request, context), "ModelInfer")
 
     async def _infer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name = request.model_name

@@ -30,6 +30,7 @@ from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama, chat_prompt_ids, greedy_reference, same_text
 from tests.serving.stack import Stack, make_stack
 from tests.support.ci import cannot_run, require_module
+from tests.support.otlp import Receiver
 from tests.support.procs import REPO, free_port, wait_until
 
 openai = require_module("openai")
@@ -78,8 +79,9 @@ def llm(tmp_path_factory):
     root = tmp_path_factory.mktemp("openai-e2e")
     bundle = build_tiny_llama(root / "tiny-llama", max_model_len=CONTEXT)
     stack = make_stack(root / "home", workers=1)
+    receiver = Receiver().__enter__()  # traces of the worker and of vLLM (test_one_trace_through_the_worker_and_vllm)
     stack.env |= {"SERVING_CLIENT_KEYS_REQUIRED": "true", "SERVING_MAX_BODY_BYTES": str(MAX_BODY),
-                  "SERVING_STATISTICS_ENABLED": "false"}
+                  "SERVING_STATISTICS_ENABLED": "false", "SERVING_TRACING_OTLP_ENDPOINT": receiver.url}
     try:
         stack.start_control_plane()
         stack.start_llm()
@@ -115,9 +117,11 @@ def llm(tmp_path_factory):
         wait_until(lambda: httpx.post(f"{base}/completions", json={"model": "test_vllm", "prompt": "a", "max_tokens": 1},
                                       headers={"Authorization": f"Bearer {key}"}, timeout=30).status_code == 200,
                    60, "the LLM endpoint answering")
-        yield {"stack": stack, "engine": engine, "base": base, "key": key, "scoped": scoped, "model": bundle.path}
+        yield {"stack": stack, "engine": engine, "base": base, "key": key, "scoped": scoped, "model": bundle.path,
+               "receiver": receiver}
     finally:
         stack.stop_all()
+        receiver.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -338,6 +342,28 @@ def test_one_statistics_event_a_request_with_usage_and_custom_values(llm, tmp_pa
         assert 0 < event["ttft_s"] <= event["latency_s"]
         r = c.post("/serve/openai/v1/completions", json={"model": "llm", "prompt": "x", "max_tokens": CONTEXT})
         assert r.status_code == 400 and events.events[-1]["status"] == 400 and len(events.events) == 3
+
+
+def test_one_trace_through_the_worker_and_vllm(llm):
+    """docs/tracing.md: the worker passes its engine span's context to vLLM (traceparent), whose own span
+    (vLLM's OpenTelemetry tracing, --otlp-traces-endpoint, OTLP/HTTP) joins the client's trace."""
+    trace = "5b8efff798038103d269b633813fc60c"
+    r = httpx.post(f"{llm['base']}/chat/completions", timeout=120,
+                   headers={"Authorization": f"Bearer {llm['key']}", "traceparent": f"00-{trace}-eee19b7ec3c1b174-01"},
+                   json={"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    receiver = llm["receiver"]
+
+    def joined():
+        got = receiver.trace(trace)
+        return got if {"serving-worker", "vllm"} <= {s.service for s in got} else None
+    spans = wait_until(joined, 60, "the worker's and vLLM's spans in one trace",
+                       on_timeout=lambda: str(sorted({(s.service, s.name) for s in receiver.spans})))
+    engine = next(s for s in spans if s.service == "serving-worker" and s.name == "engine")
+    vllm = [s for s in spans if s.service == "vllm"]
+    assert any(s.parent_id == engine.span_id for s in vllm), [(s.name, s.parent_id) for s in vllm]
+    server = next(s for s in spans if s.service == "serving-worker" and s.parent_id == "eee19b7ec3c1b174")
+    assert server.name == "POST /serve/openai/v1/chat/completions" and engine.parent_id == server.span_id
 
 
 def test_the_prediction_log_keeps_the_prompt_the_completion_and_the_token_counts(llm, tokenizer, tmp_path):

@@ -251,3 +251,16 @@ def test_model_calls_answer_with_their_request_id_in_the_initial_metadata(worker
             stub.ModelInfer(service_pb2.ModelInferRequest(model_name="nope"), metadata=(("x-request-id", "mine-3"),))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # no inputs
         assert dict(refused.value.initial_metadata())["x-request-id"] == "mine-3"
+
+
+def test_a_malformed_traceparent_is_invalid_argument_naming_it(worker):
+    """docs/tracing.md over gRPC: the ``traceparent`` metadata is checked as the HTTP header is."""
+    with grpc.insecure_channel(worker.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="tensors"), metadata=(("traceparent", "00-x-01"),))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "traceparent '00-x-01' is not a W3C trace context" in refused.value.details()
+        good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        answer = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="tensors"), metadata=(("traceparent", good),))
+        assert answer.name == "tensors"
