@@ -2,6 +2,7 @@
 files of the embedded stack or from the Kafka topic of compose and Helm, with a progress bar."""
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from datetime import datetime, timezone
@@ -81,11 +82,7 @@ def export(
                 raise typer.BadParameter(f"{where} is not a folder of prediction-log files", param_hint="--dir")
             task = progress.add_task(f"reading {where}", total=sources.files_size(where) * passes)
             source = lambda: sources.file_records(where, lambda n: progress.advance(task, n))  # noqa: E731
-        if fmt == "parquet":
-            try:
-                import pyarrow.parquet  # noqa: F401 - here, to refuse before reading anything
-            except ImportError:
-                raise typer.BadParameter("parquet needs pyarrow: pip install 'serving[export]'",
-                                         param_hint="--format") from None
+        if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:  # refused before reading anything
+            raise typer.BadParameter("parquet needs pyarrow: pip install 'serving[export]'", param_hint="--format")
         n = exporting.write(exporting.rows(source, selection, with_feedback), out, fmt)
     console.print(f"wrote {n} row(s) of endpoint {endpoint} to {out} ({fmt})")

@@ -335,6 +335,41 @@ def test_the_requests_are_counted_in_the_composed_prometheus(stack):
     assert health["serving-statistics"] == "up" and health["triton"] == "up", health
 
 
+def test_predictions_are_logged_to_kafka_and_exported_with_their_feedback(stack):
+    """docs/prediction-log.md in compose: the workers log to Kafka (a topic per deployment), ground truth is
+    joined through the gateway, and `serving log export`, run in a worker container as a user would, reads
+    the topic back with the feedback joined."""
+    if not stack.client_key:
+        pytest.fail("needs the model deployed by an earlier test", pytrace=False)
+    stack.cli("endpoint", "log", "--endpoint", "clf", "--sample", "100%")
+    ids = [f"compose-log-{i}" for i in range(5)]
+
+    def exported(*extra: str) -> dict[str, dict]:
+        stack.compose("exec", "-T", "worker", "serving", "log", "export", "--endpoint", "clf", "--format", "jsonl",
+                      "--out", "/tmp/clf.jsonl", *extra)
+        lines = stack.compose("exec", "-T", "worker", "cat", "/tmp/clf.jsonl").stdout.splitlines()
+        return {row["request_id"]: row for row in map(json.loads, lines)}
+
+    answers: dict[str, str] = {}
+
+    def logged() -> bool:  # until the workers have the new setting: a request sent now is in the topic
+        with stack.gateway() as client:
+            for request_id in ids:
+                r = client.post("/serve/clf", json={"text": TEXT}, headers={"X-Request-Id": request_id})
+                assert r.status_code == 200, r.text
+                answers[request_id] = r.json()["label"]
+        return set(ids) <= set(exported())
+    wait_until(logged, 120, "the requests in the Kafka topic", interval=3,
+               on_timeout=lambda: stack.engine.logs(stack.project))
+    with stack.gateway() as client:
+        r = client.post("/serve/clf/feedback", json={"request_id": ids[0], "label": answers[ids[0]]})
+    assert r.status_code == 200 and r.json()["correct"] is True, r.text
+    rows = wait_until(lambda: (lambda got: got if got[ids[0]]["feedback_label"] else None)(exported("--with-feedback")),
+                      60, "the feedback in the topic", interval=3)
+    assert rows[ids[0]]["feedback_label"] == answers[ids[0]]
+    assert json.loads(rows[ids[1]]["inputs"]) == {"text": TEXT} and rows[ids[1]]["status"] == 200
+
+
 def test_down_and_up_again_keeps_the_registry_and_the_endpoints(stack, tiny_model):
     """... and, started again with plain HTTP asked for (COMPOSE_PROFILES=plain-http), the model
     answers both over HTTPS and over gateway-http."""

@@ -137,6 +137,30 @@ def test_a_ten_percent_canary_gets_its_share_and_statistics_count_the_requests(r
                on_timeout=release.describe)
 
 
+def test_predictions_go_to_the_releases_topic_and_export_from_a_worker_pod(release):
+    """docs/prediction-log.md on the cluster: with the chart's Kafka the workers log to ``<release>-predictions``;
+    `serving log export`, run in a worker pod as a user would (kubectl exec), reads it back."""
+    if not release.client_key:
+        pytest.fail("needs the model deployed by an earlier test", pytrace=False)
+    release.cli("endpoint", "log", "--endpoint", "clf", "--sample", "100%")
+    pod = release.cluster.get("pods", "-n", NS, "-l", "app.kubernetes.io/component=worker")["items"][0]["metadata"]["name"]
+    ids = [f"kube-log-{i}" for i in range(5)]
+
+    def exported() -> set[str]:
+        release.cluster.kubectl("exec", "-n", NS, pod, "--", "serving", "log", "export", "--endpoint", "clf",
+                                "--format", "jsonl", "--out", "/tmp/clf.jsonl")
+        out = release.cluster.kubectl("exec", "-n", NS, pod, "--", "cat", "/tmp/clf.jsonl").stdout
+        return {json.loads(line)["request_id"] for line in out.splitlines()}
+
+    def logged() -> bool:  # until the workers have the new setting: requests sent now are in the topic
+        with release.worker() as client:
+            for request_id in ids:
+                r = client.post("/serve/clf", json={"text": TEXT}, headers={"X-Request-Id": request_id})
+                assert r.status_code == 200, r.text
+        return set(ids) <= exported()
+    wait_until(logged, 180, f"the requests in the {RELEASE}-predictions topic", interval=3, on_timeout=release.describe)
+
+
 def test_the_console_through_the_control_planes_service(release):
     """/console at the control plane's Service (as `kubectl port-forward svc/...-control-plane` or the
     Ingress reach it), in Chromium: sign-in, the endpoint with the versions the API has, the playground's
