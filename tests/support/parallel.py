@@ -41,6 +41,7 @@ LONG_MODULES = (
     "tests/serving/torchserve/test_predictions_e2e.py",
     "tests/serving/torchserve/test_reference_harness.py",
     "tests/serving/test_readiness_e2e.py",
+    "tests/serving/test_learning_loop_e2e.py",
     "tests/serving/test_embeddings_quickstart_e2e.py",
     "tests/benchmarks/test_smoke.py",
     "tests/test_readme.py",
