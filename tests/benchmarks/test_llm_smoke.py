@@ -18,7 +18,10 @@ def test_quick_run_measures_both_systems(tmp_path):
     for (system, n), lv in levels.items():
         assert lv["errors"] == 0 and lv["requests"] == n, lv  # one round per stream
         assert lv["output_tokens"] == 8 * n, lv  # greedy with ignore_eos: every answer 8 tokens
-        assert lv["ttft_p50_ms"] > 0 and lv["itl_p50_ms"] > 0
+        # a gap between two tokens is 0 when they reach the client in one write: the relay hands on a read of
+        # the engine whole (docs/benchmarks.md, "Tokens relayed at a GPU's rate"), and under CI's load a read
+        # can hold most of an 8-token answer, so even the median gap may be 0 (it was, once, in CI)
+        assert lv["ttft_p50_ms"] > 0 and lv["itl_p99_ms"] >= lv["itl_p50_ms"] >= 0, lv
         assert lv["cpu_s"]["engine"] > 0 and lv["cpu_s"]["driver"] > 0, lv
     # the worker's whole process tree is counted (uvicorn serves in a child of `serving worker`), as is
     # the engine's. Comparing the worker's CPU under the platform's levels with the direct ones' cannot

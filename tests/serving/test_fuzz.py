@@ -27,6 +27,7 @@ def stack(tmp_path_factory, tiny_model):
     s = make_stack(tmp_path_factory.mktemp("fuzz-stack"), workers=1)
     try:
         s.start_control_plane()
+        s.start_statistics()  # feedback is joined there: without it, POST .../feedback is a 503 (retry later)
         s.start_worker(0)
         s.cli("model", "upload", "--name", "clf", "--path", str(tiny_model.onnx_path))
         s.cli("model", "add", "--endpoint", "clf", "--model", "clf", "--engine", "onnxruntime",

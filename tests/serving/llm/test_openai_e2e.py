@@ -30,6 +30,7 @@ from serving.settings import LLMSettings
 from serving.testmodels_llm import build_tiny_llama, chat_prompt_ids, greedy_reference, same_text
 from tests.serving.stack import Stack, make_stack
 from tests.support.ci import cannot_run, require_module
+from tests.support.error_bodies import without_ids
 from tests.support.otlp import Receiver
 from tests.support.procs import REPO, free_port, wait_until
 
@@ -197,7 +198,7 @@ def test_models_lists_llm_endpoints(llm):
 
 
 def error_of(exc: openai.APIStatusError) -> dict:
-    body = exc.response.json()
+    body = without_ids(exc.response)  # OpenAI's error object, beside the worker's request and trace ids
     assert set(body) == {"error"} and {"message", "type", "param", "code"} <= set(body["error"]), body
     return body["error"]
 
@@ -585,6 +586,7 @@ def test_the_engine_killed_mid_traffic_is_a_503_then_comes_back_by_itself(llm):
     assert {s for s, _, _ in seen} == {200, 503}
     for status, body, retry in seen:
         if status == 503:
-            assert set(body) == {"error"} and body["error"]["code"] == "engine_unavailable", body
+            assert set(body) - {"request_id", "trace_id"} == {"error"} and body["error"]["code"] == "engine_unavailable", body
+            assert body["request_id"], "an error body names its request (serving/worker/tracing_layer.py)"
             assert retry is not None
     assert engine.pid() != pid
