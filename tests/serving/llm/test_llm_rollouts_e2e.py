@@ -52,19 +52,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class EngineMapProxy:
-    """The launcher's /engines as the worker sees it, tiny:2's engine reached through here."""
+SHADOW_KEY = engine_key("tiny", 2, {"max_model_len": 512})
+LIVE_KEY = engine_key("tiny", 1, {"max_model_len": 512})
 
-    def __init__(self, launcher: str, key: str = engine_key("tiny", 2, {"max_model_len": 512})) -> None:
-        self.launcher, self.key, self.port = launcher, key, free_port()
+
+class EngineMapProxy:
+    """The launcher's /engines as the worker sees it, both engines reached through here: tiny:2's (the
+    shadow's, whose requests can be held or slowed) and tiny:1's (chat's live version, whose streams'
+    ends are noted in ``log``: a moment of the worker's own order, not of the test client's reading)."""
+
+    def __init__(self, launcher: str, keys: tuple[str, ...] = (SHADOW_KEY, LIVE_KEY)) -> None:
+        self.launcher, self.keys, self.port = launcher, keys, free_port()
         self.delay_s = 0.0
-        self._upstream: str | None = None
+        self._upstreams: dict[int, str] = {}
         self.hold = threading.Event()
         self.hold.set()                      # cleared: requests to the engine wait until it is set again
         self.arrivals: list[tuple[str, dict]] = []  # (path, body) of each request to the engine, in order
         self.log: list[str] = []             # shared ordering log with the test's client
         app = Starlette(routes=[Route("/engines", self.engines), Route("/health", self.health),
-                                Route("/engine/{path:path}", self.forward, methods=["GET", "POST"])])
+                                Route("/engine/{slot:int}/{path:path}", self.forward, methods=["GET", "POST"])])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -86,31 +92,33 @@ class EngineMapProxy:
         async with httpx.AsyncClient() as c:
             return (await c.get(f"{self.launcher}/engines", timeout=30)).json()
 
-    async def _replica(self, fresh: bool = False) -> str:
-        """tiny:2's replica URL, asked of the launcher once and again only when it stops answering there:
+    async def _replica(self, slot: int, fresh: bool = False) -> str:
+        """An engine's replica URL, asked of the launcher once and again only when it stops answering there:
         asked per request, the launcher's map under a full suite's load (seconds an answer) failed copies
         before they reached the proxy's record, and the shadow test waited for comparisons never made."""
-        if self._upstream is None or fresh:
-            self._upstream = (await self._real())["engines"][self.key]["replicas"][0]["url"]
-        return self._upstream
+        if slot not in self._upstreams or fresh:
+            self._upstreams[slot] = (await self._real())["engines"][self.keys[slot]]["replicas"][0]["url"]
+        return self._upstreams[slot]
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"ok": True})
 
     async def engines(self, request: Request) -> Response:
         real = await self._real()
-        entry = real["engines"].get(self.key)
-        if entry:  # the worker reaches an engine through its replicas' URLs (one replica here)
-            here = f"{self.url}/engine/v1"
-            entry["url"] = here
-            entry["replicas"] = [{**r, "url": here} for r in entry.get("replicas") or ()]
-            assert len(entry["replicas"]) == 1, "the proxy stands in for one replica"
+        for slot, key in enumerate(self.keys):
+            entry = real["engines"].get(key)
+            if entry:  # the worker reaches an engine through its replicas' URLs (one replica here)
+                here = f"{self.url}/engine/{slot}/v1"
+                entry["url"] = here
+                entry["replicas"] = [{**r, "url": here} for r in entry.get("replicas") or ()]
+                assert len(entry["replicas"]) == 1, "the proxy stands in for one replica"
         return JSONResponse(real)
 
     async def forward(self, request: Request) -> Response:
-        path = request.path_params["path"].removeprefix("v1/")
+        slot, path = request.path_params["slot"], request.path_params["path"].removeprefix("v1/")
         body = await request.body()
-        if request.method == "POST":
+        shadow = self.keys[slot] == SHADOW_KEY
+        if request.method == "POST" and shadow:
             self.arrivals.append((path, httpx.Response(200, content=body).json()))
             self.log.append("shadow arrived")
             while not self.hold.is_set():
@@ -118,7 +126,7 @@ class EngineMapProxy:
             await asyncio.sleep(self.delay_s)
         client = httpx.AsyncClient(timeout=120)
         for fresh in (False, True):  # the replica moved (restarted elsewhere): ask the launcher again
-            upstream = await self._replica(fresh)
+            upstream = await self._replica(slot, fresh)
             root = upstream[:-3] if request.path_params["path"] in ("health", "metrics") else upstream
             try:
                 r = await client.send(client.build_request(request.method, f"{root}/{path}", content=body,
@@ -130,8 +138,12 @@ class EngineMapProxy:
                     raise
 
         async def relay():
+            tail = b""  # the last bytes relayed: a read may end inside "data: [DONE]"
             try:
                 async for chunk in r.aiter_raw():
+                    if not shadow and b"data: [DONE]" in tail + chunk:  # noted before the worker can read it
+                        self.log.append("live stream ended")
+                    tail = (tail + chunk)[-16:]
                     yield chunk
             finally:
                 await r.aclose()
@@ -248,10 +260,10 @@ def test_the_live_stream_ends_before_its_shadow_copy_is_sent(llm):
         body = {"model": "chat", "prompt": "ordering", "max_tokens": 8, "temperature": 0, "stream": True}
         with httpx.Client(timeout=120) as c, c.stream("POST", f"{base}/completions", json=body) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-        proxy.log.append("stream done")
         assert lines[-1] == "data: [DONE]" and r.headers["X-Model-Version"] == "1"
         wait_until(lambda: proxy.arrivals, 30, "the shadow copy at the engine")
-        assert proxy.log[:2] == ["stream done", "shadow arrived"]  # sent after the live stream ended
+        # sent after the engine's live stream ended: the proxy noted that end before the worker could see it
+        assert proxy.log[:2] == ["live stream ended", "shadow arrived"], proxy.log
         assert proxy.arrivals[0][1]["stream"] is False and "stream_options" not in proxy.arrivals[0][1]
         assert metric(stack, "serving_llm_shadow_agreement_count", "chat", 2) == before  # still held
     finally:

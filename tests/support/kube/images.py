@@ -124,10 +124,27 @@ def import_archive(cluster: Node, archive: Path, name: str) -> None:
 
 
 def import_pause(cluster: Node) -> None:
+    drop_orphan_refs(cluster)  # the node's first call: what earlier sessions left is collected here
     if PAUSE_IMAGE in cluster.ctr("images", "ls", "-q").stdout.split():
         return
     with tempfile.TemporaryDirectory(prefix="serving-kube-pause-") as tmp:
         import_archive(cluster, pause_archive(Path(tmp), PAUSE_IMAGE), PAUSE_IMAGE)
+
+
+def orphan_refs(listing: str) -> list[str]:
+    """The ``sha256:<image id>`` references in ``ctr images ls`` output that no name shares a target with.
+
+    The CRI plugin names every image it sees also by its id, and removing our tag leaves that
+    reference behind: the store kept every old build (38 GB here before this, and CI's disk ran out)."""
+    rows = [line.split() for line in listing.splitlines()[1:] if line.strip()]
+    named = {row[2] for row in rows if len(row) > 2 and not row[0].startswith("sha256:")}
+    return [row[0] for row in rows if len(row) > 2 and row[0].startswith("sha256:") and row[2] not in named]
+
+
+def drop_orphan_refs(cluster: Node) -> None:
+    """Remove those references, so that containerd collects the old builds' content and snapshots."""
+    for ref in orphan_refs(cluster.ctr("images", "ls").stdout):
+        cluster.ctr("images", "rm", "--sync", ref)
 
 
 def import_podman_image(cluster: Node, image: str, env: dict[str, str]) -> float:
@@ -149,6 +166,7 @@ def import_podman_image(cluster: Node, image: str, env: dict[str, str]) -> float
     for old in present:  # older builds of the repository: dropped (containerd collects their content)
         if old.rsplit(":", 1)[0] == repository:
             cluster.ctr("images", "rm", "--sync", old)
+    drop_orphan_refs(cluster)
     with tempfile.TemporaryDirectory(prefix="serving-kube-image-", dir=tools.CACHE) as tmp:
         archive = Path(tmp) / "image.tar"
         out = subprocess.run(["podman", "save", "--format", "docker-archive", "-o", str(archive), image], env=env,
