@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import quote
@@ -83,6 +84,7 @@ def upload(
         return
     exported = exported_folder(path, framework)
     if exported is not None:
+        _remove_when_done(ctx, exported.parent)
         path, framework = exported, "onnx"
     llm = is_llm_folder(path, framework)
     triton = None if llm else triton_upload(path, framework)
@@ -100,6 +102,7 @@ def upload(
         if llm:
             raise typer.BadParameter("--optimize is for ONNX models; vLLM runs the folder as it is")
         path, report = _optimized(path, optimize, num_heads, hidden_size)
+        _remove_when_done(ctx, path.parent)
         meta.update(report)
     if llm:
         sha, framework = upload_folder(cp, path), "hf-causal-lm"
@@ -154,6 +157,12 @@ def _refuse_unservable(path: Path, framework: Optional[str]) -> None:
         raise typer.BadParameter(str(exc), param_hint="--path")
     if path.is_dir():
         raise typer.BadParameter(f"{path} is a folder; give the model file", param_hint="--path")
+
+
+def _remove_when_done(ctx: typer.Context, folder: Path) -> None:
+    """A folder this command wrote (an export, an optimized copy) goes once it has uploaded it, or failed:
+    left behind, every upload of an 87 MB encoder kept a copy in the temp folder."""
+    ctx.call_on_close(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _optimized(path: Path, mode: str, num_heads: int, hidden_size: int) -> tuple[Path, dict]:

@@ -122,9 +122,13 @@ def test_the_embeddings_quick_start_runs_as_written(tmp_path):
     netns = netns_works()
     if not netns and taken_ports():
         cannot_run(f"no network namespace here (unshare --net), and the Quick start's ports {taken_ports()} are taken")
-    shell = Shell(REPO, user_env(tmp_path), tmp_path / "terminal.log", netns)
+    env, temp = user_env(tmp_path), tmp_path / "tmp"
+    temp.mkdir()
+    env["TMPDIR"] = str(temp)  # the upload's ONNX export is written there, and must be gone once uploaded
+    shell = Shell(REPO, env, tmp_path / "terminal.log", netns)
     try:
         run(shell, iter(quick_start()))
+        assert not list(temp.glob("serving-export-*")), "the upload left its export behind"
         roll_out(shell, iter(rollout_block()), tmp_path)
     finally:
         shell.close()

@@ -84,13 +84,15 @@ def failed_here(driver) -> bool:
 @contextlib.contextmanager
 def chromium(trust_spki: tuple[str, ...] = ()) -> Iterator:
     """A started chromium with the console tests' timeouts, quit at the end."""
-    driver = start_chromium(fresh_profile(), trust_spki)
+    profile = fresh_profile()
+    driver = start_chromium(profile, trust_spki)
     driver.set_page_load_timeout(60)
     driver.set_script_timeout(60)
     try:
         yield driver
     finally:
         driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)  # a few MB a browser: kept, they filled the temp folder
 
 
 def spki_hash(certificate_pem: bytes) -> str:
