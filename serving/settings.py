@@ -58,6 +58,16 @@ class ControlPlaneSettings(CommonSettings):
     torchserve_management_port: int = Field(8081, ge=0, le=65535)
     # TorchServe's --model-store: POST /models?url=NAME.mar reads NAME.mar from here; unset: $SERVING_HOME/model-store
     torchserve_model_store: Path | None = None
+    # Kubernetes' external metrics API for HPAs (registry/autoscaling/, docs/deploy-helm.md#autoscaling) on a
+    # TLS port of its own; 0: not served. Its serving certificate and key, the CA of the API server's
+    # front-proxy client certificate (unset in a pod: read from kube-system), the workers to sample (host:port,
+    # a headless Service) and the namespace it answers for (unset: the pod's)
+    metrics_api_port: int = Field(0, ge=0, le=65535)
+    metrics_api_cert: Path | None = None
+    metrics_api_key: Path | None = None
+    metrics_api_client_ca: Path | None = None
+    autoscaling_workers: str | None = None
+    autoscaling_namespace: str | None = None
 
     def resolved_torchserve_model_store(self) -> Path:
         return self.torchserve_model_store or self.home / "model-store"
@@ -82,6 +92,9 @@ class WorkerSettings(CommonSettings):
     # those under way this long to finish before it cancels them (a cancelled one would answer 500); the Helm
     # chart keeps it under the pod's terminationGracePeriodSeconds less its preStop sleep
     worker_graceful_stop_s: float = 20.0
+    # a client's keep-alive connection older than this is closed after its next answer, so that a Service
+    # spreads that client over workers added since (serving/worker/connection_age.py); 0: never
+    worker_max_connection_age_s: float = Field(0.0, ge=0)
     max_body_bytes: int = 1_048_576
     # one Triton "host:port"; several: "host:port,host:port", or "dns:///name:port" (every address the name
     # resolves to, e.g. a headless Service's pods), spread and failed over (serving/worker/engines/triton_pool.py)

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.artifact_client import ArtifactFetcher
@@ -35,6 +36,8 @@ from serving.worker.pipeline import RequestSender
 from serving.tracing import spans
 from serving.worker.request_ids import RequestIds
 from serving.worker.tracing_layer import TracingLayer
+from serving.worker.connection_age import ConnectionAge
+from serving.worker.load import metrics_text
 from serving.worker.stats_exchange import StatsExchange, group
 
 log = logging.getLogger(__name__)
@@ -203,9 +206,10 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         sync.recorder = dataplane.recorder  # load outcomes (failed, ready, retired) go with the requests' events
         predictions = _start_prediction_log(settings, dataplane)
         dataplane.feedback_client = _feedback_client(settings, predictions)
-        exchange = StatsExchange(dataplane.version_stats.rows, group())  # the worker's processes' statistics
+        exchange = StatsExchange(lambda: {"versions": dataplane.version_stats.rows(),  # the worker's processes'
+                                          "in_flight": dataplane.in_flight.value}, group())  # statistics and load
         await exchange.start()
-        dataplane.version_stats.exchange = exchange
+        dataplane.version_stats.exchange = dataplane.in_flight.exchange = exchange
         reporter = None
         if snapshot is not None:
             sync.apply(snapshot)
@@ -235,12 +239,17 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(LastResort, counts=counts)  # outside ServeRoute
     app.add_middleware(TracingLayer, refuse=_refuse)  # traceparent checked, the request's span, ids in error bodies
+    app.add_middleware(ConnectionAge, max_age_s=settings.worker_max_connection_age_s)  # old connections closed
     app.add_middleware(RequestIds)  # added last: outermost, so every answer has its X-Request-Id
     _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
     app.include_router(openai_router(generation, settings.max_body_bytes))
     app.include_router(tei_router(dataplane, settings.max_body_bytes))  # /serve/tei/{endpoint}/...
     app.include_router(torchserve_router(dataplane, settings.max_body_bytes))  # /predictions, /ping (TorchServe's)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:  # the worker's load: requests in flight (load.py), read for autoscaling
+        return Response(await metrics_text(dataplane.in_flight), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/status")
     def status() -> dict:

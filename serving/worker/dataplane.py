@@ -24,6 +24,7 @@ from serving.embeddings.batching import EncoderBatching, encoder_of
 from serving.worker.engines.base import Engine
 from serving.worker.errors import BadRequest, ModelNotReady, NotFound, UnknownEndpoint, Unavailable, Unprocessable
 from serving.worker.lifecycle import RequestLife, RequestStats, request_life
+from serving.worker.load import InFlight
 from serving.worker.feedback import FeedbackClient
 from serving.worker.prediction_capture import PredictionCapture
 from serving.prediction_log.prediction import predicted
@@ -62,6 +63,7 @@ class DataPlane:
         self.predictions = PredictionCapture(config)  # the prediction log's records (prediction_capture.py)
         self.shadow.logged = self.predictions.shadow
         self.feedback_client: FeedbackClient | None = None  # set by the app: ground truth goes to statistics
+        self.in_flight = InFlight()  # requests whose life has begun and not ended: the autoscaling signal (load.py)
 
     # --- lookups ------------------------------------------------------------------
     def endpoint(self, name: str, config: Config | None = None) -> EndpointRuntime:
@@ -181,7 +183,12 @@ class DataPlane:
         """A request's life on this data plane (lifecycle.py): every path runs in one, the LLM's too."""
         stats = RequestStats(endpoint, version=version, client=client)
         stats.captured = self.predictions.start(endpoint, stats.request_id)
-        return request_life(stats, self._record, self.keys.charge)
+        self.in_flight.begin()
+        return request_life(stats, self._ended, self.keys.charge)
+
+    def _ended(self, stats: RequestStats, status: int) -> None:
+        self.in_flight.end()
+        self._record(stats, status)
 
     async def _run(self, ep: EndpointRuntime, target: Target, data: Any, pinned: bool,
                    pad: Mapping[str, int] | None = None, encoder: Any = None,

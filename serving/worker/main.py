@@ -54,7 +54,8 @@ def serve_grpc_too(app: FastAPI, settings: WorkerSettings) -> None:
     async def lifespan(app_: Any) -> AsyncIterator[None]:
         async with app_lifespan(app_):
             server = await start_grpc_server(app.state.dataplane, settings.worker_host, settings.worker_grpc_port,
-                                             settings.max_body_bytes, unix_name=handoff.PROCESS_GRPC_NAME)
+                                             settings.max_body_bytes, unix_name=handoff.PROCESS_GRPC_NAME,
+                                             max_connection_age_s=settings.worker_max_connection_age_s)
             try:
                 yield
             finally:

@@ -3,9 +3,9 @@
 With ``serving worker --workers N`` a request lands on one process, and so does a statistics
 request: alone, it could only say what its own process served. Each process therefore listens on a
 private abstract Unix socket, ``serving-stats-<manager pid>-<pid>-<random>``, and answers a
-connection with its counters as JSON (version_stats.py rows). A statistics request asks every
-sibling listed in ``/proc/net/unix`` under its manager's prefix and sums their rows with its own: exact
-at the moment of asking, nothing shared to corrupt, nothing on disk to clean up (an abstract socket
+connection with its counters as JSON (version_stats.py rows, and its requests in flight: load.py). A
+statistics request (or a read of the worker's load) asks every sibling listed in ``/proc/net/unix``
+under its manager's prefix and sums their answers with its own: exact at the moment of asking, nothing shared to corrupt, nothing on disk to clean up (an abstract socket
 goes with its process). Only a process of the same user is answered (``SO_PEERCRED``).
 
 The group is the uvicorn manager (``multiprocessing.parent_process``); a worker built in a test
@@ -22,7 +22,7 @@ import os
 import socket
 import struct
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import orjson
 
@@ -60,7 +60,7 @@ def siblings(group_id: int, own: str, table: Path = Path("/proc/net/unix")) -> l
 class StatsExchange:
     """One per worker process: serves its rows, and gathers its siblings'."""
 
-    def __init__(self, rows: Callable[[], list[list]], group_id: int | None) -> None:
+    def __init__(self, rows: Callable[[], Any], group_id: int | None) -> None:
         self.rows, self.group_id = rows, group_id
         self.name = f"{PREFIX}{group_id}-{os.getpid()}-{os.urandom(4).hex()}" if group_id else None
         self._server: asyncio.AbstractServer | None = None
@@ -97,8 +97,8 @@ class StatsExchange:
                 transport.close()
         return Answer()
 
-    async def gather(self) -> list[list[list]]:
-        """Every process's rows, this one's first."""
+    async def gather(self) -> list[Any]:
+        """Every process's answer (what ``rows`` returns, as JSON), this one's first."""
         own = self.rows()
         if self.name is None or self.group_id is None:
             return [own]
@@ -106,7 +106,7 @@ class StatsExchange:
         results = await asyncio.gather(*(self._ask(name) for name in names))
         return [own, *(rows for rows in results if rows is not None)]
 
-    async def _ask(self, name: str) -> list[list] | None:
+    async def _ask(self, name: str) -> Any:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)

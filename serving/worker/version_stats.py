@@ -77,7 +77,9 @@ class VersionStatistics:
 
     async def gather(self) -> dict[Key, VersionCounters]:
         """This worker's counters: every process's when the exchange runs, else this process's."""
-        return merged(*(await self.exchange.gather())) if self.exchange is not None else merged(self.rows())
+        if self.exchange is None:
+            return merged(self.rows())
+        return merged(*(payload["versions"] for payload in await self.exchange.gather()))
 
     def observe(self, endpoint: str, version: int | None, status: int, latency_s: float,
                 stages: Mapping[str, float], ts: float) -> None:

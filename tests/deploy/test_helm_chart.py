@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.deploy.artifacts import CHART, KUBE_VERSION, VALUES_FILES, find, manifests, rendered_files, values
+from tests.deploy.artifacts import CHART, KUBE_VERSION, NAMESPACE, RELEASE, VALUES_FILES, find, manifests, rendered_files, values
 
 KINDS = list(VALUES_FILES)
 # prometheus-operator CRDs have no schema in kubernetes-validate; the tests below check them.
@@ -122,9 +122,61 @@ def test_autoscaling_values_add_an_hpa_for_the_workers_only():
     assert target["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     assert "replicas" not in target["spec"], "the HPA owns the replica count"
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 20)
-    assert {m["resource"]["name"] for m in hpa["spec"]["metrics"]} == {"cpu", "memory"}
+    external, *resources = hpa["spec"]["metrics"]
+    assert external == {"type": "External", "external": {"metric": {"name": "serving_worker_requests_in_flight"},
+                                                         "target": {"type": "AverageValue", "averageValue": "8"}}}
+    assert {m["resource"]["name"] for m in resources} == {"cpu", "memory"}  # CPU stays, as an extra signal
     assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], \
         "CPU utilization needs a CPU request"
+
+
+def test_the_metrics_api_is_an_apiservice_the_control_plane_serves_with_its_own_certificate(tmp_path):
+    """The APIService names the control plane's Service on 443 with the CA of the certificate the control
+    plane serves (valid for the Service's names); the HPA controller may read external metrics, the control
+    plane the front-proxy CA in kube-system; the control plane samples the workers' headless Service."""
+    import base64
+    import subprocess
+
+    assert not find(manifests("default"), "APIService")
+    docs = manifests("autoscaling")
+    (api,) = find(docs, "APIService")
+    assert api["metadata"]["name"] == "v1beta1.external.metrics.k8s.io"
+    service = api["spec"]["service"]
+    assert (service["namespace"], service["port"]) == (NAMESPACE, 443)
+    (svc,) = find(docs, "Service", service["name"])
+    assert {"name": "metrics-api", "port": 443, "targetPort": "metrics-api", "protocol": "TCP"} in svc["spec"]["ports"]
+    (secret,) = find(docs, "Secret", f"{RELEASE}-serving-metrics-api-tls")
+    assert api["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    for name in ("ca.crt", "tls.crt"):
+        (tmp_path / name).write_bytes(base64.b64decode(secret["data"][name]))
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt")],
+                              capture_output=True, text=True, timeout=30)
+    assert verified.returncode == 0, verified.stderr
+    names = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "tls.crt"), "-noout", "-ext", "subjectAltName"],
+                           capture_output=True, text=True, timeout=30).stdout
+    assert f"DNS:{service['name']}.{NAMESPACE}.svc" in names
+    (deployment,) = find(docs, "Deployment", service["name"])
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["SERVING_AUTOSCALING_WORKERS"] == f"{RELEASE}-serving-worker-pods:9090"
+    assert env["SERVING_METRICS_API_PORT"] == "6443"
+    (pods,) = find(docs, "Service", f"{RELEASE}-serving-worker-pods")
+    assert pods["spec"]["clusterIP"] == "None"
+    (reader,) = find(docs, "ClusterRoleBinding")
+    assert reader["subjects"] == [{"kind": "ServiceAccount", "name": "horizontal-pod-autoscaler", "namespace": "kube-system"}]
+    (auth,) = find(docs, "RoleBinding")
+    assert (auth["metadata"]["namespace"], auth["roleRef"]["name"]) == ("kube-system", "extension-apiserver-authentication-reader")
+    assert auth["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ("worker: {autoscaling: {enabled: true}}", "set metricsApi.enabled=true"),
+    ("worker: {autoscaling: {enabled: true, requestsInFlightPerReplica: null}}", "needs a signal"),
+])
+def test_an_hpa_without_a_signal_it_can_have_is_refused(overrides, message):
+    with pytest.raises(Exception, match=message):
+        manifests("default", overrides)
 
 
 def helm_template(kube_version: str, *args: str) -> list[dict]:

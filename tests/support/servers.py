@@ -12,9 +12,17 @@ from tests.support.procs import free_port
 
 
 @contextmanager
-def serve_in_thread(app, port: int | None = None) -> Iterator[str]:
+def serve_in_thread(app, port: int | None = None, host: str = "127.0.0.1") -> Iterator[str]:
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1))
+    with serve_config_in_thread(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                               timeout_graceful_shutdown=1)):
+        yield f"http://{host}:{port}"
+
+
+@contextmanager
+def serve_config_in_thread(config: uvicorn.Config) -> Iterator[uvicorn.Server]:
+    """A server of any uvicorn config (TLS, a lifespan), started and stopped around the block."""
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -23,7 +31,7 @@ def serve_in_thread(app, port: int | None = None) -> Iterator[str]:
             raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server
     finally:
         server.should_exit = True
         thread.join(10)

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from serving.worker.dns import addresses
+from serving.dns import addresses
 from serving.llm.routing.replicas import Member
 
 log = logging.getLogger(__name__)

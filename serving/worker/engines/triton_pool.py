@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import tritonclient.grpc.aio as grpc_aio
 
-from serving.worker.dns import addresses
+from serving.dns import addresses
 from serving.worker.engines.triton_channels import DNS_PREFIX, Call, T, call_on, model_ready_sync
 from serving.worker.errors import ModelNotReady, Unavailable
 

@@ -199,14 +199,19 @@ def _config_type(datatype: str) -> int:
 
 
 async def start_grpc_server(dataplane: DataPlane, host: str, port: int, max_message_bytes: int,
-                            unix_name: str | None = None) -> grpc.aio.Server:
+                            unix_name: str | None = None, max_connection_age_s: float = 0.0) -> grpc.aio.Server:
     """One server per worker process, on the process's event loop (the data plane's engines live
     there). ``so_reuseport``: every process binds the port itself and the kernel spreads new
     connections over them; with ``unix_name`` it listens on that abstract Unix socket instead, the
-    manager handing it connections (serving/worker/handoff.py)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 1),
-                                      ("grpc.max_receive_message_length", max_message_bytes),
-                                      ("grpc.max_send_message_length", -1)])
+    manager handing it connections (serving/worker/handoff.py). ``max_connection_age_s``: a connection that
+    old is told to go (GOAWAY; its calls under way get 30 s more), so clients reconnect and a Service spreads
+    them over workers added since, as HTTP's ``Connection: close`` does (connection_age.py)."""
+    options = [("grpc.so_reuseport", 1), ("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", -1)]
+    if max_connection_age_s > 0:
+        options += [("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)),
+                    ("grpc.max_connection_age_grace_ms", 30_000)]
+    server = grpc.aio.server(options=options)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), server)
     address = f"unix-abstract:{unix_name}" if unix_name else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

@@ -163,13 +163,20 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
             f"--kubelet-client-certificate={pki.client_cert}", f"--kubelet-client-key={pki.client_key}",
             "--kubelet-preferred-address-types=InternalIP", "--allow-privileged=true", "--profiling=false",
-            f"--cert-dir={self.root / 'apiserver-certs'}", "--v=1"])
+            f"--cert-dir={self.root / 'apiserver-certs'}",
+            # the aggregation layer (an APIService served by a pod, e.g. the control plane's external metrics):
+            # the API server proxies to the pod's address as kubeadm's clusters do, with a client certificate
+            f"--requestheader-client-ca-file={pki.front_proxy_ca}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-", f"--proxy-client-cert-file={pki.front_proxy_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_key}", "--enable-aggregator-routing=true", "--v=1"])
         self._wait("the API server's /readyz", lambda: self.kubectl("get", "--raw=/readyz", check=False).returncode == 0)
         common = [f"--kubeconfig={self.kubeconfig}", "--leader-elect=false", "--port=0", "--bind-address=127.0.0.1",
                   "--profiling=false", "--v=1"]
         self._start("kube-controller-manager", [
             tools.exe("kube-controller-manager"), *common, f"--secure-port={p['controller-manager']}",
             f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca}",
+            "--horizontal-pod-autoscaler-sync-period=5s",  # 15 s by default: the autoscaling tests' reaction time
             f"--cert-dir={self.root / 'controller-manager-certs'}"])
         self._start("kube-scheduler", [tools.exe("kube-scheduler"), *common, f"--secure-port={p['scheduler']}",
                                        f"--cert-dir={self.root / 'scheduler-certs'}"])

@@ -24,6 +24,9 @@ class Pki:
     client_key: Path
     sa_key: Path      # signs service-account tokens (controller-manager)
     sa_pub: Path      # verifies them (API server)
+    front_proxy_ca: Path    # the aggregation layer's: what an aggregated API server checks the API server's
+    front_proxy_cert: Path  # requests by (the API server's client certificate when it proxies to one)
+    front_proxy_key: Path
 
 
 def _openssl(*args: str) -> None:
@@ -49,10 +52,20 @@ def make_pki(root: Path, node_ip: str, service_ip: str) -> Pki:
                  "-keyout", str(p(f"{name}.key")), "-out", str(p(f"{name}.csr")))
         _openssl("x509", "-req", "-in", str(p(f"{name}.csr")), "-CA", str(p("ca.crt")), "-CAkey", str(p("ca.key")),
                  "-CAcreateserial", "-days", DAYS, "-extfile", str(p(ext)), "-out", str(p(f"{name}.crt")))
+    # a CA of its own, as kubeadm makes it: a certificate of the cluster's CA must not pass as the proxy's
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", DAYS, "-subj", "/CN=serving-test-front-proxy-ca",
+             "-keyout", str(p("front-proxy-ca.key")), "-out", str(p("front-proxy-ca.crt")))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=front-proxy-client",
+             "-keyout", str(p("front-proxy-client.key")), "-out", str(p("front-proxy-client.csr")))
+    _openssl("x509", "-req", "-in", str(p("front-proxy-client.csr")), "-CA", str(p("front-proxy-ca.crt")),
+             "-CAkey", str(p("front-proxy-ca.key")), "-CAcreateserial", "-days", DAYS, "-extfile", str(p("client.ext")),
+             "-out", str(p("front-proxy-client.crt")))
     _openssl("genrsa", "-out", str(p("sa.key")), "2048")
     _openssl("rsa", "-in", str(p("sa.key")), "-pubout", "-out", str(p("sa.pub")))
     return Pki(ca=p("ca.crt"), server_cert=p("server.crt"), server_key=p("server.key"),
-               client_cert=p("client.crt"), client_key=p("client.key"), sa_key=p("sa.key"), sa_pub=p("sa.pub"))
+               client_cert=p("client.crt"), client_key=p("client.key"), sa_key=p("sa.key"), sa_pub=p("sa.pub"),
+               front_proxy_ca=p("front-proxy-ca.crt"), front_proxy_cert=p("front-proxy-client.crt"),
+               front_proxy_key=p("front-proxy-client.key"))
 
 
 def kubeconfig(pki: Pki, server: str, path: Path) -> Path:

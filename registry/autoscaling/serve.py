@@ -1,0 +1,63 @@
+"""The external metrics API's server: TLS with the chart's serving certificate, and only clients whose
+certificate the cluster's front-proxy CA signed.
+
+That CA is what the API server's aggregation layer presents when it proxies a request here. It is
+read from ``kube-system/extension-apiserver-authentication`` (key ``requestheader-client-ca-file``),
+which the API server writes at its start and the chart lets the control plane read, unless a file is
+named (SERVING_METRICS_API_CLIENT_CA). uvicorn checks it in the handshake; what it cannot check is
+the certificate's name (``--requestheader-allowed-names``), as uvicorn does not hand the peer's
+certificate to the app. Without its certificates or that CA the control plane still serves
+everything else, and says why the metrics API is off (an HPA then holds its scale).
+"""
+from __future__ import annotations
+
+import logging
+import ssl
+from pathlib import Path
+
+import uvicorn
+
+from registry.autoscaling.metrics_api import create_metrics_app
+from registry.autoscaling.worker_load import WorkerLoad
+from registry.kube_api import InCluster, KubeError
+from serving.settings import ControlPlaneSettings
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATION = "/api/v1/namespaces/kube-system/configmaps/extension-apiserver-authentication"
+CA_KEY = "requestheader-client-ca-file"
+
+
+def front_proxy_ca(cluster: InCluster, dest: Path) -> Path:
+    """The cluster's front-proxy CA bundle, written to ``dest``."""
+    data = cluster.get(AUTHENTICATION).get("data") or {}
+    if not data.get(CA_KEY):
+        raise KubeError(f"{AUTHENTICATION} has no {CA_KEY}: the API server runs without --requestheader-client-ca-file, "
+                        "so it cannot proxy to an aggregated API")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(data[CA_KEY])
+    return dest
+
+
+def metrics_api_config(settings: ControlPlaneSettings) -> uvicorn.Config | None:
+    """The server for SERVING_METRICS_API_PORT, or None (logged why) when it cannot run."""
+    if not (settings.metrics_api_cert and settings.metrics_api_key):
+        log.error("the metrics API is off: SERVING_METRICS_API_CERT and SERVING_METRICS_API_KEY are needed")
+        return None
+    cluster = InCluster.from_pod()
+    ca = settings.metrics_api_client_ca
+    if ca is None:
+        if cluster is None:
+            log.error("the metrics API is off: not in a pod, and SERVING_METRICS_API_CLIENT_CA is not set")
+            return None
+        try:
+            ca = front_proxy_ca(cluster, settings.home / "front-proxy-ca.crt")
+        except KubeError as exc:
+            log.error("the metrics API is off: the front-proxy CA could not be read: %s", exc)
+            return None
+    namespace = settings.autoscaling_namespace or (cluster.namespace if cluster else "default")
+    signals = [WorkerLoad(settings.autoscaling_workers)] if settings.autoscaling_workers else []
+    app = create_metrics_app(signals, namespace, samplers=signals)
+    return uvicorn.Config(app, host=settings.control_plane_host, port=settings.metrics_api_port, log_level="warning",
+                          ssl_certfile=str(settings.metrics_api_cert), ssl_keyfile=str(settings.metrics_api_key),
+                          ssl_ca_certs=str(ca), ssl_cert_reqs=ssl.CERT_REQUIRED, timeout_graceful_shutdown=2)

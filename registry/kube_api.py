@@ -1,0 +1,50 @@
+"""The Kubernetes API as the control plane's pod reaches it: its service account's token and CA.
+
+Why a few lines of httpx and not the official client: the control plane reads and writes a handful
+of objects (the front-proxy CA for its metrics API, later the engines it runs), and the official
+client's generated models would be most of the image's Python. The token file is read on every call:
+a projected token is rotated in place by the kubelet.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TIMEOUT_S = 10.0
+
+
+class KubeError(RuntimeError):
+    """The API answered with an error, or could not be reached."""
+
+
+@dataclass(frozen=True)
+class InCluster:
+    base_url: str
+    token_file: Path
+    ca_file: Path
+    namespace: str
+
+    @classmethod
+    def from_pod(cls, root: Path = SERVICE_ACCOUNT) -> "InCluster | None":
+        """The pod's API access, or None outside a pod (or a pod whose token is not mounted)."""
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port or not (root / "token").is_file():
+            return None
+        host = f"[{host}]" if ":" in host else host
+        return cls(f"https://{host}:{port}", root / "token", root / "ca.crt", (root / "namespace").read_text().strip())
+
+    def get(self, path: str) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
+        try:
+            with httpx.Client(base_url=self.base_url, verify=str(self.ca_file), timeout=TIMEOUT_S) as client:
+                r = client.get(path, headers=headers)
+        except httpx.HTTPError as exc:
+            raise KubeError(f"GET {path}: {exc}") from None
+        if r.status_code != 200:
+            raise KubeError(f"GET {path}: {r.status_code} {r.text[:300]}")
+        return r.json()
