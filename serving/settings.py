@@ -60,13 +60,16 @@ class ControlPlaneSettings(CommonSettings):
     torchserve_model_store: Path | None = None
     # Kubernetes' external metrics API for HPAs (registry/autoscaling/, docs/deploy-helm.md#autoscaling) on a
     # TLS port of its own; 0: not served. Its serving certificate and key, the CA of the API server's
-    # front-proxy client certificate (unset in a pod: read from kube-system), the workers to sample (host:port,
-    # a headless Service) and the namespace it answers for (unset: the pod's)
+    # front-proxy client certificate (unset in a pod: read from kube-system), the pods to sample (host:port of
+    # a headless Service: the workers' /metrics, Triton's metrics port, the vLLM pods) and the namespace it
+    # answers for (unset: the pod's)
     metrics_api_port: int = Field(0, ge=0, le=65535)
     metrics_api_cert: Path | None = None
     metrics_api_key: Path | None = None
     metrics_api_client_ca: Path | None = None
     autoscaling_workers: str | None = None
+    autoscaling_triton: str | None = None
+    autoscaling_llm: str | None = None
     autoscaling_namespace: str | None = None
 
     def resolved_torchserve_model_store(self) -> Path:

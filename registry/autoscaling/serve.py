@@ -18,7 +18,7 @@ from pathlib import Path
 import uvicorn
 
 from registry.autoscaling.metrics_api import create_metrics_app
-from registry.autoscaling.worker_load import WorkerLoad
+from registry.autoscaling.catalogue import signals
 from registry.kube_api import InCluster, KubeError
 from serving.settings import ControlPlaneSettings
 
@@ -56,8 +56,8 @@ def metrics_api_config(settings: ControlPlaneSettings) -> uvicorn.Config | None:
             log.error("the metrics API is off: the front-proxy CA could not be read: %s", exc)
             return None
     namespace = settings.autoscaling_namespace or (cluster.namespace if cluster else "default")
-    signals = [WorkerLoad(settings.autoscaling_workers)] if settings.autoscaling_workers else []
-    app = create_metrics_app(signals, namespace, samplers=signals)
+    served = signals(settings.autoscaling_workers, settings.autoscaling_triton, settings.autoscaling_llm)
+    app = create_metrics_app(served.signals, namespace, samplers=served.scrapes)
     return uvicorn.Config(app, host=settings.control_plane_host, port=settings.metrics_api_port, log_level="warning",
                           ssl_certfile=str(settings.metrics_api_cert), ssl_keyfile=str(settings.metrics_api_key),
                           ssl_ca_certs=str(ca), ssl_cert_reqs=ssl.CERT_REQUIRED, timeout_graceful_shutdown=2)

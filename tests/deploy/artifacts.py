@@ -147,6 +147,7 @@ def service_env(service: dict) -> dict[str, str]:
 # --- URLs and host:port strings ---------------------------------------------------------
 
 def host_port(value: str) -> tuple[str, int]:
+    value = value.removeprefix("dns:///")  # gRPC's name for every address of a (headless Service's) name
     m = re.fullmatch(r"(?:[a-z+]+://)?(?:[^@/]*@)?([^:/]+):(\d+)(?:/.*)?", value)
     assert m, f"not host:port or a URL with a port: {value!r}"
     return m.group(1), int(m.group(2))

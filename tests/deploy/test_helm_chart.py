@@ -102,7 +102,7 @@ def test_llm_values_run_vllms_image_on_a_gpu_as_an_external_engine():
 def test_llm_replicas_are_each_reachable_through_a_headless_service():
     """llm.replicas pods, and a headless Service (one DNS address per ready pod) that the workers resolve
     and route over (serving/llm/routing/external.py): the url the manifest's comment tells endpoints to name."""
-    docs = manifests("llm")
+    docs = manifests("llm", "llm: {autoscaling: {enabled: false}}")  # else its HPA owns the count
     (deployment,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == "demo-serving-llm"]
     assert deployment["spec"]["replicas"] == 2
     (pods,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == "demo-serving-llm-pods"]
@@ -114,10 +114,23 @@ def test_llm_replicas_are_each_reachable_through_a_headless_service():
     assert "url=http://demo-serving-llm-pods:8000/v1 served_model_name=my-llm" in text
 
 
-def test_autoscaling_values_add_an_hpa_for_the_workers_only():
+def test_autoscaling_values_add_hpas_for_the_workers_and_triton_on_their_own_signals():
     assert not find(manifests("default"), "HorizontalPodAutoscaler")
     docs = manifests("autoscaling")
-    (hpa,) = find(docs, "HorizontalPodAutoscaler")
+    (hpa,) = find(docs, "HorizontalPodAutoscaler", f"{RELEASE}-serving-worker")
+    (triton,) = find(docs, "HorizontalPodAutoscaler", f"{RELEASE}-serving-triton")
+    assert [(m["external"]["metric"]["name"], m["external"]["target"]) for m in triton["spec"]["metrics"]] == [
+        ("serving_triton_pending_requests", {"type": "AverageValue", "averageValue": "8"}),
+        ("serving_triton_queue_ms", {"type": "Value", "value": "50"})]
+    (triton_pods,) = find(docs, "Deployment", f"{RELEASE}-serving-triton")
+    assert "replicas" not in triton_pods["spec"], "the HPA owns Triton's replica count"
+    containers = {c["name"] for c in triton_pods["spec"]["template"]["spec"]["containers"]}
+    assert "model-loader" in containers, "pods an HPA adds load their own models"
+    (control_plane,) = find(docs, "Deployment", f"{RELEASE}-serving-control-plane")
+    env = {e["name"]: e.get("value") for e in control_plane["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SERVING_AUTOSCALING_TRITON"] == f"{RELEASE}-serving-triton-pods:8002"
+    (worker_cm,) = find(docs, "ConfigMap", f"{RELEASE}-serving-worker")
+    assert worker_cm["data"]["SERVING_TRITON_GRPC_URL"].startswith("dns:///"), "workers follow the pods as they come"
     (target,) = find(docs, "Deployment", hpa["spec"]["scaleTargetRef"]["name"])
     assert target["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     assert "replicas" not in target["spec"], "the HPA owns the replica count"
@@ -128,6 +141,19 @@ def test_autoscaling_values_add_an_hpa_for_the_workers_only():
     assert {m["resource"]["name"] for m in resources} == {"cpu", "memory"}  # CPU stays, as an extra signal
     assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"], \
         "CPU utilization needs a CPU request"
+
+
+def test_the_llm_engine_scales_on_waiting_requests_and_time_to_first_token():
+    docs = manifests("llm")
+    (hpa,) = find(docs, "HorizontalPodAutoscaler", f"{RELEASE}-serving-llm")
+    assert [(m["external"]["metric"]["name"], m["external"]["target"]) for m in hpa["spec"]["metrics"]] == [
+        ("serving_llm_waiting_requests", {"type": "AverageValue", "averageValue": "4"}),
+        ("serving_llm_ttft_ms", {"type": "Value", "value": "800"})]
+    (engine,) = find(docs, "Deployment", f"{RELEASE}-serving-llm")
+    assert "replicas" not in engine["spec"]
+    (control_plane,) = find(docs, "Deployment", f"{RELEASE}-serving-control-plane")
+    env = {e["name"]: e.get("value") for e in control_plane["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SERVING_AUTOSCALING_LLM"] == f"{RELEASE}-serving-llm-pods:8000"
 
 
 def test_the_metrics_api_is_an_apiservice_the_control_plane_serves_with_its_own_certificate(tmp_path):
@@ -173,6 +199,9 @@ def test_the_metrics_api_is_an_apiservice_the_control_plane_serves_with_its_own_
 @pytest.mark.parametrize("overrides,message", [
     ("worker: {autoscaling: {enabled: true}}", "set metricsApi.enabled=true"),
     ("worker: {autoscaling: {enabled: true, requestsInFlightPerReplica: null}}", "needs a signal"),
+    ("triton: {autoscaling: {enabled: true}}", "serving_triton_pending_requests"),
+    ("{metricsApi: {enabled: true}, triton: {modelLoading: controlPlane, autoscaling: {enabled: true}}}",
+     "must be auto or pod"),
 ])
 def test_an_hpa_without_a_signal_it_can_have_is_refused(overrides, message):
     with pytest.raises(Exception, match=message):
@@ -204,7 +233,7 @@ def helm_template(kube_version: str, *args: str) -> list[dict]:
 ])
 def test_the_autoscaler_and_disruption_budget_api_versions_follow_the_cluster(kube_version, hpa, pdb):
     docs = helm_template(kube_version, "-f", str(VALUES_FILES["autoscaling"]))
-    assert [d["apiVersion"] for d in find(docs, "HorizontalPodAutoscaler")] == [hpa]
+    assert [d["apiVersion"] for d in find(docs, "HorizontalPodAutoscaler")] == [hpa, hpa]  # workers, Triton
     assert [d["apiVersion"] for d in find(docs, "PodDisruptionBudget")] == [pdb]
     # the same objects whatever the version (their contents differ only by the tokens generated per render)
     names = lambda ds: sorted((d["kind"], d["metadata"]["name"]) for d in ds)  # noqa: E731

@@ -106,10 +106,12 @@ def serving_containers(docs):
 def test_chart_passes_only_settings_the_component_reads(kind):
     docs = manifests(kind)
     seen = set()
+    per_pod = triton_per_pod(docs)
     for name, doc, container in serving_containers(docs):
         env = container_env(docs, doc, container)
         assert not unknown_settings(name, env), name
-        assert REQUIRED[name] <= env.keys(), (name, REQUIRED[name] - env.keys())
+        required = REQUIRED[name] - ({"SERVING_TRITON_CONTROL_URL"} if per_pod else set())  # each pod loads its own
+        assert required <= env.keys(), (name, required - env.keys())
         seen.add(name)
     assert seen == set(REQUIRED)
 
@@ -136,11 +138,23 @@ def test_chart_ports_and_addresses_agree_with_the_settings(kind):
 
     (triton,) = [d for d in find(docs, "Deployment") if component(d) == "triton"]
     args = triton["spec"]["template"]["spec"]["containers"][0]["args"]
+    per_pod = triton_per_pod(docs)
     for setting, flag in (("SERVING_TRITON_GRPC_URL", "--grpc-port"), ("SERVING_TRITON_CONTROL_URL", "--http-port")):
+        if per_pod and setting == "SERVING_TRITON_CONTROL_URL":
+            assert setting not in env["control-plane"]  # the control plane loads nothing: each pod loads its own
+            continue
         source = env["worker"] if setting == "SERVING_TRITON_GRPC_URL" else env["control-plane"]
         host, port = host_port(source[setting])
-        assert component(services[host]) == "triton" and port == int(_flag(args, flag))
+        # several Triton pods (or an HPA adding them): the workers resolve the headless Service's every address
+        expected = "triton-pods" if source[setting].startswith("dns:///") else "triton"
+        assert component(services[host]) == expected and port == int(_flag(args, flag))
     assert _flag(args, "--model-control-mode") == "explicit"
+
+
+def triton_per_pod(docs: list[dict]) -> bool:
+    """Whether each Triton pod loads its own models (serving.tritonPerPod): the workers then reach every pod."""
+    (cm,) = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"].endswith("-serving-worker")]
+    return cm["data"]["SERVING_TRITON_GRPC_URL"].startswith("dns:///")
 
 
 def test_chart_control_plane_and_triton_mount_one_model_repository():

@@ -10,10 +10,13 @@
 {{- if and (eq $mode "controlPlane") (gt (int $t.replicas) 1) }}
 {{- fail "triton.modelLoading=controlPlane needs triton.replicas=1: the control plane loads models through the Service, which reaches one pod per load; use modelLoading=pod (or auto)" }}
 {{- end }}
+{{- if and (eq $mode "controlPlane") $t.autoscaling.enabled }}
+{{- fail "triton.autoscaling adds pods that must load their own models: triton.modelLoading must be auto or pod" }}
+{{- end }}
 {{- if and (eq $mode "controlPlane") (eq $t.mode "embedded") }}
 {{- fail "triton.mode=embedded loads its own models: triton.modelLoading must be auto or pod" }}
 {{- end }}
-{{- if or (eq $t.mode "embedded") (eq $mode "pod") (and (eq $mode "auto") (gt (int $t.replicas) 1)) }}
+{{- if or (eq $t.mode "embedded") (eq $mode "pod") (and (eq $mode "auto") (or (gt (int $t.replicas) 1) $t.autoscaling.enabled)) }}
 {{- print "true" }}
 {{- end }}
 {{- end }}
@@ -23,10 +26,10 @@
 {{- printf "%s-pods" (include "serving.componentName" (list . "triton")) }}
 {{- end }}
 
-{{/* The workers' SERVING_TRITON_GRPC_URL: with several Triton pods, every address of the headless
-     Service (serving/worker/engines/triton_pool.py); with one, the Service as always. */}}
+{{/* The workers' SERVING_TRITON_GRPC_URL: with several Triton pods (or an autoscaler that adds them), every
+     address of the headless Service (serving/worker/engines/triton_pool.py); with one, the Service as always. */}}
 {{- define "serving.tritonGrpcUrl" -}}
-{{- if gt (int .Values.triton.replicas) 1 }}
+{{- if or (gt (int .Values.triton.replicas) 1) .Values.triton.autoscaling.enabled }}
 {{- printf "dns:///%s:%v" (include "serving.tritonPodsName" .) .Values.triton.ports.grpc }}
 {{- else }}
 {{- printf "%s:%v" (include "serving.componentName" (list . "triton")) .Values.triton.ports.grpc }}

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 
 from registry.autoscaling.metrics_api import BASE, create_metrics_app, quantity
 from registry.autoscaling.serve import metrics_api_config
-from registry.autoscaling.signals import Reading, Window
-from registry.autoscaling.worker_load import WorkerLoad
+from registry.autoscaling.catalogue import signals
+from registry.autoscaling.pod_metrics import IncreaseRatio, PodScrape, PodsGauge
+from registry.autoscaling.signals import Reading
 from serving.settings import ControlPlaneSettings
 from serving import dns
 from serving.load_metrics import IN_FLIGHT
@@ -58,17 +59,56 @@ def test_values_resources_and_refusals_in_kubernetes_shapes():
     assert (idle.status_code, idle.json()["reason"]) == (503, "ServiceUnavailable")
 
 
-def test_quantities_and_the_window_mean():
+def test_quantities():
     assert [quantity(v) for v in (0, 0.0004, 2, 3.14159)] == ["0m", "0m", "2000m", "3142m"]
+
+
+def scraped(now: list[float], *samples: dict[str, dict[str, float]]) -> PodScrape:
+    """A scrape holding these samples, one a second up to ``now``."""
+    scrape = PodScrape("pods.test:9", set(), window_s=10, clock=lambda: now[0])
+    for i, pods in enumerate(samples):
+        scrape.samples.append((now[0] - len(samples) + 1 + i, 1_800_000_000.0 + i, pods))
+    return scrape
+
+
+def test_a_gauge_is_summed_or_averaged_over_the_pods_then_over_the_window():
     now = [100.0]
-    window = Window(10, clock=lambda: now[0])
-    assert window.reading() is None
-    for value in (2, 4, 9):
-        window.add(value)
-        now[0] += 4
-    assert window.reading().value == pytest.approx((4 + 9) / 2)  # the sample at 100 s is older than 10 s at 112 s
-    now[0] += 20
-    assert window.reading() is None
+    scrape = scraped(now, {"a": {"g": 1}, "b": {"g": 3}}, {"a": {"g": 2}, "b": {"g": 6}, "c": {}})
+    assert PodsGauge("s", scrape, ("g",), "sum").value().value == pytest.approx((4 + 8) / 2)
+    assert PodsGauge("m", scrape, ("g",), "mean").value().value == pytest.approx((2 + 4) / 2)
+    renamed = scraped(now, {"a": {"old": 0.5}, "b": {"new": 0.7}})  # an engine's gauge under either name
+    assert PodsGauge("kv", renamed, ("new", "old"), "mean").value().value == pytest.approx(0.6)
+    now[0] += 30  # every sample out of the window
+    assert PodsGauge("s", scrape, ("g",), "sum").value() is None
+
+
+def test_a_ratio_of_increases_leaves_out_pods_that_restarted_or_came_late():
+    now = [100.0]
+    first = {"a": {"q": 1000, "n": 10}, "b": {"q": 5000, "n": 50}, "c": {"q": 1, "n": 1}}
+    last = {"a": {"q": 4000, "n": 20}, "b": {"q": 100, "n": 2}, "c": {"q": 601, "n": 3}, "d": {"q": 9e9, "n": 9}}
+    ratio = IncreaseRatio("ms", scraped(now, first, last), "q", "n", scale=1e-3).value()
+    assert ratio.value == pytest.approx(1e-3 * (3000 + 600) / (10 + 2))  # b restarted, d is new
+    idle = IncreaseRatio("ms", scraped(now, first, first), "q", "n").value()
+    assert idle.value == 0.0
+    assert IncreaseRatio("ms", scraped(now, first), "q", "n").value() is None  # one sample: no increase yet
+
+
+def test_a_counter_is_found_under_the_name_its_server_gives_it():
+    from registry.autoscaling.pod_metrics import wanted
+
+    metrics = {"nv_inference_request_success", "vllm:generation_tokens_total"}
+    assert wanted("nv_inference_request_success_total", metrics) == "nv_inference_request_success"  # the parser's
+    assert wanted("vllm:generation_tokens_total", metrics) == "vllm:generation_tokens_total"
+    assert wanted("other_total", metrics) is None
+
+
+def test_the_catalogue_serves_each_kinds_signals():
+    served = signals(workers="w:9090", triton="t:8002", llm="l:8000")
+    assert [s.name for s in served.signals] == [
+        "serving_worker_requests_in_flight", "serving_triton_pending_requests", "serving_triton_queue_ms",
+        "serving_llm_waiting_requests", "serving_llm_kv_cache_usage", "serving_llm_ttft_ms"]
+    assert [(s.host, s.port) for s in served.scrapes] == [("w", 9090), ("t", 8002), ("l", 8000)]
+    assert signals().signals == []
 
 
 def openssl(*args: str) -> None:
@@ -141,18 +181,19 @@ def test_the_load_is_the_sum_over_the_pods_that_answer(monkeypatch):
     where nothing listens: the sample is 3 + 4 from the two that answered."""
     port = free_port()
     monkeypatch.setattr(dns, "addresses", lambda host, p, what: [(2, "127.0.0.1"), (2, "127.0.0.2"), (2, "127.0.0.3")])
+    served = signals(workers=f"workers.prod.svc:{port}")
+    (scrape,), (load,) = served.scrapes, served.signals
+    scrape.timeout_s = 1.0
     with serve_in_thread(worker_metrics(InFlight(3)), port), serve_in_thread(worker_metrics(InFlight(4)), port,
                                                                              "127.0.0.2"):
-        sampler = WorkerLoad(f"workers.prod.svc:{port}", timeout_s=1.0)
-
         async def twice() -> None:
             async with httpx.AsyncClient(timeout=1.0) as client:
-                await sampler.sample(client)
-                await sampler.sample(client)
+                await scrape.sample(client)
+                await scrape.sample(client)
 
         asyncio.run(twice())
-    reading = sampler.value()
-    assert (reading.value, reading.samples, sampler.pods) == (7.0, 2, 2)
-    assert sampler.name == IN_FLIGHT
+    reading = load.value()
+    assert (reading.value, reading.samples, scrape.pods) == (7.0, 2, 2)
+    assert load.name == IN_FLIGHT
     with pytest.raises(ValueError):
-        WorkerLoad("no-port")
+        PodScrape("no-port", set())

@@ -526,6 +526,38 @@ def engine_metric(llm, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
+def test_the_autoscaling_signals_read_the_engines_own_metrics(llm):
+    """The LLM signals the control plane serves for an engine's HPA (registry/autoscaling/catalogue.py), read
+    from this real vLLM's /metrics as from a headless Service's pod: nothing waiting when idle, its KV-cache use
+    in [0, 1], and its mean time to first token over 3 requests equal to its own histogram's."""
+    from registry.autoscaling.catalogue import signals
+
+    served = signals(llm=llm["engine"].url.removeprefix("http://"))
+    (scrape,), (waiting, kv_cache, ttft) = served.scrapes, served.signals
+    scrape.window_s = 600
+
+    async def around_requests() -> tuple[float, float]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            await scrape.sample(http)
+            before = (engine_metric(llm, "vllm:time_to_first_token_seconds_sum"),
+                      engine_metric(llm, "vllm:time_to_first_token_seconds_count"))
+            with client(llm) as c:
+                for prompt in ("one", "two", "three"):
+                    await asyncio.to_thread(c.completions.create, model="chat", prompt=prompt, max_tokens=2)
+            after = (engine_metric(llm, "vllm:time_to_first_token_seconds_sum"),
+                     engine_metric(llm, "vllm:time_to_first_token_seconds_count"))
+            await scrape.sample(http)
+            return after[0] - before[0], after[1] - before[1]
+
+    seconds, count = asyncio.run(around_requests())
+    assert scrape.pods == 1 and count == 3
+    assert waiting.value().value == 0.0
+    assert 0.0 <= kv_cache.value().value <= 1.0
+    assert ttft.value().value == pytest.approx(seconds / count * 1000)
+    print(f"vLLM's signals: waiting {waiting.value().value:.0f}, KV cache {kv_cache.value().value:.3f}, "
+          f"TTFT {ttft.value().value:.1f} ms over {count:.0f} requests")
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 def test_a_client_that_goes_away_frees_its_slot_at_the_engine(llm, stream):
     """A client that hangs up after 0.5 s: the engine stops generating for it. The request asks for

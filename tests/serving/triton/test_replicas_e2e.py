@@ -8,7 +8,9 @@ those two loopback addresses as the cluster's DNS would answer the headless Serv
 no name service can be set up in a test. Everything else is real: tritonserver, gRPC over
 sockets, stock ``tritonclient``. The control plane is tests/serving/triton/fake_control_plane.py
 (the config stream and the artifacts). Answers are compared with onnxruntime run on the same
-input; per-server counts come from each Triton's own ``/metrics``.
+input; per-server counts come from each Triton's own ``/metrics``. The autoscaling signals the control plane
+serves for Triton's HPA (registry/autoscaling/catalogue.py) are read from both, through the same stand-in
+for the headless Service, and checked against each server's own counters.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import numpy as np
 import psutil
 import pytest
 
+from registry.autoscaling.catalogue import signals
+from serving import dns
 from serving.worker.engines.triton import TritonEngine
 from serving.worker.engines.triton_pool import TritonPool, addresses_source
 from serving.worker.errors import ServingError
@@ -39,6 +43,16 @@ def served(host: str, port: int, model: str) -> int:
     text = httpx.get(f"http://{host}:{port}/metrics", timeout=5).text
     m = re.search(rf'^nv_inference_request_success{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
     return int(float(m.group(1))) if m else 0
+
+
+def counters(port: int) -> tuple[float, float]:
+    """(queue time in µs, successes) summed over both servers and every model: what the signal reads."""
+    total = [0.0, 0.0]
+    for host in HOSTS:
+        text = httpx.get(f"http://{host}:{port}/metrics", timeout=5).text
+        for i, name in enumerate(("nv_inference_queue_duration_us", "nv_inference_request_success")):
+            total[i] += sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+    return total[0], total[1]
 
 
 def model_ready(host: str, port: int, model: str) -> bool:
@@ -94,7 +108,7 @@ class Load:
 
 @pytest.mark.timeout(300)
 def test_two_tritons_hold_every_model_before_ready_share_the_load_and_survive_one_killed(
-        tmp_path, tiny_model, tiny_model_b):
+        tmp_path, tiny_model, tiny_model_b, monkeypatch):
     fake = FakeControlPlane()
     sha_a = fake.add_artifact(tiny_model.onnx_path)
     sha_b = hashlib.sha256(tiny_model_b.onnx_path.read_bytes()).hexdigest()  # withheld for now
@@ -152,13 +166,25 @@ def test_two_tritons_hold_every_model_before_ready_share_the_load_and_survive_on
                 await load.run(workers, total)
                 return [served(h, metrics, "clf_v1") - b for h, b in zip(HOSTS, before)]
 
+            # the autoscaling signals, read from both servers as the control plane reads a headless Service's pods
+            monkeypatch.setattr(dns, "addresses", lambda host, port, what: [(2, h) for h in HOSTS])
+            served_signals = signals(triton=f"triton.test:{metrics}")
+            (scrape,), (pending, queue_ms) = served_signals.scrapes, served_signals.signals
+            scrape.window_s = 600
+
             async def scenario() -> dict:
                 # one call at a time: both always have none in flight, so they take turns exactly
                 turns = Load(engine, tgt, cases)
                 out = {"turns": turns, "per_server_turns": await counted(turns, 1, 40)}
                 # four at a time: the fewest in flight first (a slower server gets fewer; both get some)
-                spread = Load(engine, tgt, cases)
-                out["spread"], out["per_server"] = spread, await counted(spread, 4, 80)
+                async with httpx.AsyncClient(timeout=5) as client:
+                    await scrape.sample(client)
+                    out["counters_before"] = await asyncio.to_thread(counters, metrics)
+                    spread = Load(engine, tgt, cases)
+                    out["spread"], out["per_server"] = spread, await counted(spread, 4, 80)
+                    out["counters_after"] = await asyncio.to_thread(counters, metrics)
+                    await scrape.sample(client)
+                out["pending"], out["queue_ms"], out["pods"] = pending.value(), queue_ms.value(), scrape.pods
 
                 # 3. One Triton killed (SIGKILL) under a steady load: no request lost.
                 steady = Load(engine, tgt, cases)
@@ -188,7 +214,12 @@ def test_two_tritons_hold_every_model_before_ready_share_the_load_and_survive_on
             assert (back.ok, back.wrong, back.failures) == (20, 0, [])
             assert out["back_per_server"] == [10, 10]  # the restarted one takes its turns again
             assert out["ready_after"] is True
+            (q0, n0), (q1, n1) = out["counters_before"], out["counters_after"]
+            assert out["pods"] == 2 and n1 - n0 == 80
+            assert out["queue_ms"].value == pytest.approx((q1 - q0) / (n1 - n0) / 1000)  # both servers' own counters
+            assert out["pending"].value == 0.0  # sampled with nothing in flight
             assert all(p.poll() is None for p in procs)
             print(f"per server: one at a time {out['per_server_turns']}, four at a time {out['per_server']}; "
                   f"killed under load: {steady.ok} answered, 0 lost, {out['failovers']} failed over; "
-                  f"back, one at a time: {out['back_per_server']}")
+                  f"back, one at a time: {out['back_per_server']}; Triton's queue for the HPA: "
+                  f"{out['queue_ms'].value:.3f} ms a request over {n1 - n0:.0f}")
