@@ -1,5 +1,5 @@
 """A step load on a release's workers and what the cluster does about it, for the autoscaling test
-(test_autoscaling.py) and benchmark (benchmarks/autoscaling.py).
+(test_worker_autoscaling.py) and benchmark (benchmarks/autoscaling.py).
 
 The endpoint is the user's own code, a ClearML-style preprocess that holds each request ``SLEEP_S`` and
 echoes its number: the requests in flight are then the clients' count, whatever the machine's speed,

@@ -34,6 +34,10 @@ def stop_cluster(cluster: Cluster) -> None:
         pytest.fail("the test cluster left these behind:\n" + "\n".join(left), pytrace=False)
 
 
+# test_cluster.py starts and stops a cluster of its own, and a machine holds one at a time: it must run before
+# any module that uses this package's shared cluster, which lives until the package's last test. Modules run in
+# name order, so such a module's name sorts after test_cluster.py (a test_autoscaling.py ran first and the
+# cluster test could not start: CI 2026-11-28).
 @pytest.fixture(scope="package")
 def kube_cluster():
     """One cluster for the install and the operations tests (each installs and removes its own release, and
