@@ -102,13 +102,12 @@ class PodsGauge:
         scrape.metrics.update(metrics)
 
     def value(self) -> Reading | None:
-        totals = []
-        for _, _, pods in self.scrape.recent():
+        totals, samples = [], self.scrape.recent()
+        for _, _, pods in samples:
             values = [next((v[m] for m in self.metrics if m in v), None) for v in pods.values()]
             present = [v for v in values if v is not None]
             if present:
                 totals.append(sum(present) if self.across == "sum" else sum(present) / len(present))
-        samples = self.scrape.recent()
         if not totals:
             return None
         return Reading(sum(totals) / len(totals), samples[-1][1], len(totals))

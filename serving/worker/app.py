@@ -239,7 +239,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
     app.add_middleware(ServeRoute, dataplane=dataplane, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(LastResort, counts=counts)  # outside ServeRoute
     app.add_middleware(TracingLayer, refuse=_refuse)  # traceparent checked, the request's span, ids in error bodies
-    app.add_middleware(ConnectionAge, max_age_s=settings.worker_max_connection_age_s)  # old connections closed
+    if settings.worker_max_connection_age_s > 0:  # old connections closed after an answer; off: not on the path
+        app.add_middleware(ConnectionAge, max_age_s=settings.worker_max_connection_age_s)
     app.add_middleware(RequestIds)  # added last: outermost, so every answer has its X-Request-Id
     _document_serve_paths(app)  # served by ServeRoute, described from the same templates
     app.include_router(v2_router(dataplane, settings.max_body_bytes))
