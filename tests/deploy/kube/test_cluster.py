@@ -8,7 +8,13 @@ headless one (kube-proxy's chains, the DNS stand-in's two kinds of answer).
 """
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
@@ -78,15 +84,43 @@ def a_records(record: DNSRecord) -> list[str]:
     return sorted(str(rr.rdata) for rr in record.rr if rr.rtype == QTYPE.A)
 
 
+def leave_a_killed_clusters_remains() -> dict[str, object]:
+    """What a cluster whose test run was killed leaves (no teardown ran): its directory with a process
+    naming it, its bridge holding the route to the pod range, a kube-proxy chain, a pod's netns."""
+    root = Path(tempfile.mkdtemp(prefix=host_state.CLUSTER_DIR_PREFIX))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(root)])
+    bridge = f"skube{(os.getpid() + 1) % 100000}"  # never the next cluster's own name (its pid's)
+    for cmd in (["ip", "link", "add", bridge, "type", "bridge"], ["ip", "addr", "add", "10.213.0.1/24", "dev", bridge],
+                ["ip", "link", "set", bridge, "up"], ["iptables", "-w", "-N", "KUBE-KILLED-CLUSTER"],
+                ["iptables", "-w", "-A", "FORWARD", "-d", POD_CIDR, "-j", "KUBE-KILLED-CLUSTER"],
+                ["ip", "netns", "add", "cni-killed-cluster"]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    return {"root": root, "proc": proc, "bridge": bridge}
+
+
+def route_device(ip: str) -> str:
+    words = subprocess.run(["ip", "route", "get", ip], capture_output=True, text=True, check=True).stdout.split()
+    return words[words.index("dev") + 1]
+
+
 def test_pods_run_services_resolve_and_stopping_leaves_nothing():
+    dead = leave_a_killed_clusters_remains()
     cluster = start_cluster()
     stopped = False
     try:
+        # the start removed the killed cluster's remains: its bridge took the pod range's route (a CI run's
+        # pods were all unreachable from the host after a killed run), its process, chain and netns
+        assert dead["proc"].wait(10) is not None
+        assert not host_state.link_exists(dead["bridge"]) and not dead["root"].exists()
+        assert "KUBE-KILLED-CLUSTER" not in host_state._iptables_save()
+        assert "cni-killed-cluster" not in host_state._netns()
+        assert f"bridge {dead['bridge']}" in cluster.cleared and f"directory {dead['root']}" in cluster.cleared
         cluster.apply(manifests(free_port()))
         wait_until(lambda: cluster.get("pod", "sleeper", "-n", NS)["status"].get("phase") == "Running", 120,
                    "the pod Running", interval=0.5, on_timeout=cluster.tails)
         pod_ip = cluster.get("pod", "sleeper", "-n", NS)["status"]["podIP"]
         assert pod_ip.startswith(POD_CIDR.rsplit(".", 1)[0] + "."), pod_ip
+        assert route_device(pod_ip) == cluster.bridge  # the host (kubelet's probes) reaches pods on this bridge
         cluster_ip = cluster.get("service", "sleeper", "-n", NS)["spec"]["clusterIP"]
         assert cluster_ip.startswith(SERVICE_CIDR.rsplit(".", 1)[0] + ".")
         assert a_records(ask(cluster, f"sleeper.{NS}.svc.cluster.local")) == [cluster_ip]
@@ -111,3 +145,7 @@ def test_pods_run_services_resolve_and_stopping_leaves_nothing():
     finally:
         if not stopped:
             cluster.stop()
+        dead["proc"].kill()
+        if host_state.link_exists(dead["bridge"]):
+            subprocess.run(["ip", "link", "delete", dead["bridge"]], capture_output=True)
+        shutil.rmtree(dead["root"], ignore_errors=True)

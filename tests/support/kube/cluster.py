@@ -60,6 +60,7 @@ class Cluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     baseline: host_state.Snapshot | None = None
     forced: list[str] = field(default_factory=list)  # what stop() had to remove by force
+    cleared: list[str] = field(default_factory=list)  # what killed clusters had left, removed by start()
     undone: list[str] = field(default_factory=list)  # host changes no component undoes, undone by stop()
     timings: dict[str, float] = field(default_factory=dict)
     _store_lock: Any = None
@@ -129,6 +130,10 @@ class Cluster:
             fcntl.flock(self._store_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RuntimeError(f"another test cluster is using {tools.IMAGE_STORE} (one at a time)") from None
+        self.cleared = host_state.clear_dead_clusters(self.root, POD_CIDR, SERVICE_CIDR)
+        if self.cleared:
+            print(f"removed what {len(self.cleared)} leftovers of killed test clusters held:", *self.cleared[:20],
+                  sep="\n  ", file=sys.stderr)
         self.baseline = host_state.snapshot()
         if host_state.link_exists(self.bridge):
             raise RuntimeError(f"a bridge named {self.bridge} already exists: another cluster is running here?")
@@ -366,8 +371,8 @@ subsets:
             self.forced.append(f"{name} did not stop on SIGTERM within {timeout}s: killed")
 
 
-def new_cluster(prefix: str = "serving-kube-") -> Cluster:
-    root = Path(tempfile.mkdtemp(prefix=prefix))
+def new_cluster() -> Cluster:
+    root = Path(tempfile.mkdtemp(prefix=host_state.CLUSTER_DIR_PREFIX))
     os.chmod(root, 0o755)  # pods' users (uid 10001, 70, 1000) traverse it to their local volumes
     return Cluster(root=root, ip=node_ip(), bridge=f"skube{os.getpid() % 100000}")
 

@@ -31,6 +31,8 @@ from pathlib import Path
 import psutil
 
 NETNS = Path("/run/netns")
+CLUSTER_DIR_PREFIX = "serving-kube-"  # each cluster's temporary directory (cluster.new_cluster)
+BRIDGE_NAME = re.compile(r"skube\d+")  # each cluster's CNI bridge (cluster.new_cluster)
 # containerd's root (images, snapshots), kept across sessions in the kube cache (tools.py): no mount may stay
 from tests.support.kube.tools import IMAGE_STORE  # noqa: E402
 HOST_DIRS = (NETNS, Path("/var/log/pods"), Path("/var/log/containers"), Path("/run/containerd"), Path("/var/lib/cni"),
@@ -231,6 +233,37 @@ def remove_leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, ser
         if path.read_text().strip() != value:
             path.write_text(value)
             removed.append(f"sysctl {key} restored to {value}")
+    return removed
+
+
+def clear_dead_clusters(own_root: Path, pod_cidr: str, service_cidr: str) -> list[str]:
+    """Remove what clusters killed before their stop left (a test run killed mid-way skips every
+    teardown); return what was removed. Called with containerd's lock held, so no live cluster owns any
+    of it. Without this a dead cluster's bridge keeps the route to the pod range and the next cluster's
+    pods are unreachable from the host: every kubelet probe times out (a CI run lost 16 tests to it)."""
+    removed = []
+    dead_roots = [r for r in own_root.parent.glob(f"{CLUSTER_DIR_PREFIX}*") if r != own_root and r.is_dir()]
+    for root in dead_roots:
+        for proc in _processes(root):
+            removed.append(f"process {proc.pid} {' '.join(proc.cmdline())[:120]}")
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    for point in sorted((m for r in (*dead_roots, IMAGE_STORE) for m in mounts_under(r)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+        removed.append(f"mount {point}")
+    for name in sorted(n for n in _netns() if n.startswith("cni-")):  # only containerd's CRI names them so
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        removed.append(f"netns {name}")
+    for link in sorted(p.name for p in Path("/sys/class/net").iterdir() if BRIDGE_NAME.fullmatch(p.name)):
+        subprocess.run(["ip", "link", "delete", link], capture_output=True)
+        removed.append(f"bridge {link}")
+    removed += _remove_iptables(Snapshot(), "", (pod_cidr, service_cidr))  # every KUBE-* and CNI-* chain
+    for root in dead_roots:
+        if not mounts_under(root):
+            shutil.rmtree(root, ignore_errors=True)
+            removed.append(f"directory {root}")
     return removed
 
 
