@@ -5,6 +5,8 @@
 #                                and the stand-in images the compose test uses
 #   scripts/images.sh --base     only the base image
 #   scripts/images.sh --prune    remove untagged images (older builds, the layer cache)
+#   scripts/images.sh --vllm     only $SERVING_VLLM_IMAGE (serving-vllm-cpu:latest): vLLM's CPU build, the
+#                                engine image of the chart's llmEngines without a GPU (deploy/vllm-cpu/)
 #
 # 1. A Debian bookworm base image made here: debootstrap (from Debian's mirror) with Debian's
 #    python3.11 (shared libpython, which Triton's Python-backend stub loads), then imported as
@@ -29,6 +31,7 @@ ENGINE=${CONTAINER_ENGINE:-podman}
 BASE=${SERVING_BASE_IMAGE:-localhost/serving-base:bookworm}
 IMAGE=${SERVING_IMAGE:-serving:latest}
 TRITON_IMAGE=${SERVING_TRITON_IMAGE:-serving-triton:latest}
+VLLM_IMAGE=${SERVING_VLLM_IMAGE:-serving-vllm-cpu:latest}
 STANDIN_PREFIX=${SERVING_STANDIN_PREFIX:-serving-standin}
 STANDIN_TAG=${SERVING_STANDIN_TAG:-latest}
 CACHE=${SERVING_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/serving-images}
@@ -144,8 +147,21 @@ build_standins() {
   done
 }
 
+build_vllm() {
+  # torch's CPU wheel from this machine's wheel folder when it has one (pip.conf's find-links), so the
+  # build takes it rather than the index's
+  local wheels
+  wheels=$(pip3 config get global.find-links 2>/dev/null || true)
+  local mount=()
+  [ -n "$wheels" ] && [ -d "$wheels" ] && mount=(-v "$wheels:/wheels:ro")
+  log "building $VLLM_IMAGE from deploy/vllm-cpu/Dockerfile"
+  "$ENGINE" build "${BUILD_ARGS[@]}" "${mount[@]}" -f deploy/vllm-cpu/Dockerfile --build-arg BASE_IMAGE="$BASE" \
+    -t "$VLLM_IMAGE" deploy/vllm-cpu
+}
+
 case "${1:-}" in
   --base) build_base; exit 0 ;;
+  --vllm) build_base; build_vllm; exit 0 ;;
   --prune)
     # Untagged images: earlier builds of these tags and the build cache (the next build is a first one).
     "$ENGINE" image prune -f >/dev/null

@@ -6,7 +6,7 @@ pass exactly these names, and a test compares them with this module.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -195,6 +195,10 @@ class LLMSettings(CommonSettings):
     llm_max_crashes: int = Field(5, ge=1)  # an engine's exits within 15 min before it is given up (failed)
     llm_memory_budget_mb: int = 0       # engines' memory (their processes' RSS); 0: no budget, all started
     llm_gpus: str | None = None         # GPU ids engine replicas are placed on ("0,1,2,3"); unset: CPU cores
+    # on Kubernetes (the chart's llm.engines): engines are Deployments the launcher makes through the API,
+    # their pods as the template says (JSON, serving/llm/kube/template.py)
+    llm_on_kubernetes: bool = False
+    llm_kube_engine: dict[str, Any] = Field(default_factory=dict)
 
 
 class StatisticsSettings(CommonSettings):

@@ -19,7 +19,7 @@ import uvicorn
 
 from registry.autoscaling.metrics_api import create_metrics_app
 from registry.autoscaling.catalogue import signals
-from registry.kube_api import InCluster, KubeError
+from serving.kube_api import InCluster, KubeError
 from serving.settings import ControlPlaneSettings
 
 log = logging.getLogger(__name__)

@@ -35,6 +35,8 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 OWNED_FLAGS = {"--model": None, "--host": None, "--port": None, "--served-model-name": None,
                "--dtype": "dtype", "--max-model-len": "max_model_len", "--tensor-parallel-size": "tensor_parallel_size",
                "--gpu-memory-utilization": "gpu_memory_utilization"}
+# a Kubernetes resource quantity: "2", "500m", "16Gi"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$"
 # what an external engine (url) takes from the endpoint; the rest is set where that engine runs
 EXTERNAL_OPTIONS = ("url", "served_model_name", "max_model_len", "routing")
 
@@ -56,6 +58,12 @@ class EngineOptions(BaseModel):
     routing: str | None = None
     max_lora_rank: int | None = None  # one of vLLM's MaxLoRARanks (adapters.ENGINE_RANKS)
     max_loras: int | None = Field(None, ge=1, le=256)
+    # the engine's pods where the control plane runs engines on Kubernetes (serving/llm/kube/template.py);
+    # one machine's launcher has no use for them
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=r"^[^\s]+$")
+    gpus: int | None = Field(None, ge=0, le=64)
+    cpu: str | None = Field(None, pattern=QUANTITY)
+    memory: str | None = Field(None, pattern=QUANTITY)
 
     @field_validator("url")
     @classmethod

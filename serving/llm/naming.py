@@ -25,12 +25,13 @@ LLM_ENGINES = tuple(LLM_ENGINE_FACTORIES)
 EXTERNAL = ("url", "served_model_name")  # options of an engine that runs elsewhere: nothing to launch
 SCALING = ("replicas", "routing")          # how many engines and how requests spread: not what one computes
 LORA_SIZING = ("max_lora_rank", "max_loras")  # merged over the endpoints sharing an engine (lora_flags)
+PODS = ("image", "gpus", "cpu", "memory")  # where an engine runs on Kubernetes (serving/llm/kube): not what it computes
 
 
 def launch_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The options that decide how an engine the platform starts runs (unset ones left out)."""
     return {k: v for k, v in sorted((options or {}).items())
-            if k not in EXTERNAL + SCALING + LORA_SIZING and v not in (None, [], "")}
+            if k not in EXTERNAL + SCALING + LORA_SIZING + PODS and v not in (None, [], "")}
 
 
 def engine_key(model: str, version: int, options: Mapping[str, Any] | None = None) -> str:

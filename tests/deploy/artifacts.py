@@ -23,6 +23,7 @@ VALUES_FILES = {
     "external-db": CHART / "ci" / "external-db-values.yaml",
     "autoscaling": CHART / "ci" / "autoscaling-values.yaml",
     "llm": CHART / "ci" / "llm-values.yaml",
+    "llm-engines": CHART / "ci" / "llm-engines-values.yaml",
 }
 RELEASE, NAMESPACE = "demo", "ml"
 KUBE_VERSION = "1.30.0"  # the oldest schemas validated offline (1.20 is installed for real: tests/deploy/kube)
@@ -32,9 +33,10 @@ KUBE_VERSION = "1.30.0"  # the oldest schemas validated offline (1.20 is install
 
 def settings_classes() -> dict[str, type]:
     """Component (compose service / chart component label) -> the settings class it reads."""
-    from serving.settings import ControlPlaneSettings, StatisticsSettings, WorkerSettings
+    from serving.settings import ControlPlaneSettings, LLMSettings, StatisticsSettings, WorkerSettings
 
-    return {"control-plane": ControlPlaneSettings, "worker": WorkerSettings, "statistics": StatisticsSettings}
+    return {"control-plane": ControlPlaneSettings, "worker": WorkerSettings, "statistics": StatisticsSettings,
+            "llm-launcher": LLMSettings}  # the control plane pod's launcher of LLM engines (llmEngines)
 
 
 def env_names(cls: type) -> set[str]:

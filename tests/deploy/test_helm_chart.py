@@ -503,3 +503,40 @@ def test_workers_log_predictions_to_a_topic_of_the_release_when_the_chart_has_ka
     none = worker_config("kafka: {enabled: false}")
     assert "SERVING_KAFKA_BOOTSTRAP_SERVERS" not in none and "SERVING_PREDICTION_LOG_SINK" not in none
     assert none["SERVING_STATISTICS_HOST"] == "demo-serving-statistics"
+
+
+def test_llm_engines_values_give_the_control_plane_a_launcher_allowed_to_make_engines():
+    """llmEngines.enabled: the control plane's pod runs `serving llm` on Kubernetes with the engine template
+    (checked by the launcher's own model), allowed to manage Deployments and Services of its namespace and read
+    Pods (nothing else); the workers read where engines are from it, through the control plane's Service."""
+    from serving.llm.kube.template import EngineTemplate
+
+    assert not find(manifests("default"), "Role")
+    docs = manifests("llm-engines")
+    (cp,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    pod = cp["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    (launcher,) = [c for c in pod["containers"] if c["name"] == "llm-launcher"]
+    assert launcher["args"] == ["llm"]
+    env = {e["name"]: e.get("value") for e in launcher["env"]}
+    assert env["SERVING_LLM_ON_KUBERNETES"] == "true"
+    template = EngineTemplate.model_validate_json(env["SERVING_LLM_KUBE_ENGINE"])
+    assert template.release == f"{RELEASE}-serving" and template.gpus == 1
+    assert template.image.startswith("vllm/vllm-openai:v") and template.extra_args == ["--enable-prefix-caching"]
+    assert template.node_selector == {"nvidia.com/gpu.present": "true"}
+    assert template.init_image == cp["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert template.control_plane_url == f"http://{RELEASE}-serving-control-plane:8080"
+    (role,) = find(docs, "Role")
+    rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert set(rules) == {("apps", "deployments"), ("", "services"), ("", "pods")}
+    assert "delete" in rules[("apps", "deployments")] and rules[("", "pods")] <= {"get", "list", "watch"}
+    (binding,) = find(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    (worker_cm,) = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"] == f"{RELEASE}-serving-worker"]
+    url = worker_cm["data"]["SERVING_LLM_LAUNCHER_URL"]
+    (svc,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    (port,) = [p for p in svc["spec"]["ports"] if p["name"] == "llm-engines"]
+    assert url == f"http://{RELEASE}-serving-control-plane:{port['port']}"
+    assert port["targetPort"] == "llm-engines" and launcher["ports"][0]["name"] == "llm-engines"
+    assert int(env["SERVING_LLM_LAUNCHER_PORT"]) == launcher["ports"][0]["containerPort"]

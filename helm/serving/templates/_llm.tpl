@@ -14,3 +14,15 @@
 {{- printf "http://%s:%v/v1" (include "serving.componentName" (list . "llm")) .Values.llm.port }}
 {{- end }}
 {{- end }}
+
+{{/* The engine pods' template for the control plane's launcher (serving/llm/kube/template.py), as JSON. */}}
+{{- define "serving.llmEngineTemplate" -}}
+{{- $e := .Values.llmEngines }}
+{{- $t := dict "release" (include "serving.fullname" .) "image" (printf "%s:%s" $e.image.repository $e.image.tag) "pullPolicy" $e.image.pullPolicy "python" $e.python "port" $e.port "initImage" (include "serving.image" .) "initPullPolicy" .Values.image.pullPolicy "controlPlaneUrl" (include "serving.controlPlaneUrl" .) "workerToken" (dict "name" (include "serving.tokensSecret" .) "key" "worker-token") "gpus" $e.gpus "resources" $e.resources "nodeSelector" $e.nodeSelector "tolerations" $e.tolerations "extraArgs" $e.extraArgs "kvCacheGb" $e.kvCacheGb "shmSize" $e.shmSize "env" $e.env "startupSeconds" $e.startupSeconds }}
+{{- toJson $t }}
+{{- end }}
+
+{{/* Where workers read the engines' pods: the launcher in the control plane's pod. */}}
+{{- define "serving.llmLauncherUrl" -}}
+{{- printf "http://%s:%v" (include "serving.componentName" (list . "control-plane")) .Values.llmEngines.launcherPort }}
+{{- end }}

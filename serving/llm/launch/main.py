@@ -15,6 +15,7 @@ from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
 from serving.llm.launch.metrics import EngineMetrics
 from serving.llm.launch.http import EnginesServer
+from serving.llm.kube.engines import KubeEngines
 from serving.llm.launch.launcher import Launcher
 from serving.readiness_report import ReadinessReporter, process_id
 from serving.settings import LLMSettings
@@ -34,7 +35,8 @@ def run_launcher(settings: LLMSettings, stop: threading.Event | None = None,
                               shared_dir=settings.resolved_artifact_dir())
     reporter = ReadinessReporter(settings.control_plane_url, process_id("llm"), lambda: launcher.readiness(),
                                  kind="llm")
-    launcher = Launcher(settings, fetcher.path, on_change=reporter.poke)
+    launcher = KubeEngines.from_settings(settings, on_change=reporter.poke) if settings.llm_on_kubernetes \
+        else Launcher(settings, fetcher.path, on_change=reporter.poke)
     metrics, registry = EngineMetrics(launcher.view), CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     server = EnginesServer(launcher.view, settings.llm_launcher_host, settings.llm_launcher_port,

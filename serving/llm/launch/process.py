@@ -91,14 +91,16 @@ def lora_flags(w: _Wanted) -> tuple[int, int] | None:
     return rank, max(w.max_loras or [DEFAULT_MAX_LORAS])
 
 
-def vllm_command(python: Path, spec: EngineSpec, model_dir: Path, port: int, kv_cache_gb: float,
-                 default_args: list[str] | tuple[str, ...] = (), tracing: str | None = None) -> list[str]:
-    """vLLM's OpenAI server on 127.0.0.1:port for this engine; options map onto vLLM's own flags.
+def vllm_command(python: Path | str, spec: EngineSpec, model_dir: Path | str, port: int, kv_cache_gb: float | None,
+                 default_args: list[str] | tuple[str, ...] = (), tracing: str | None = None,
+                 host: str = "127.0.0.1") -> list[str]:
+    """vLLM's OpenAI server on host:port for this engine (127.0.0.1 here; a pod's every address on
+    Kubernetes); options map onto vLLM's own flags.
     ``default_args`` (``SERVING_VLLM_DEFAULT_ARGS``) come first: vLLM takes the last of a flag given twice,
     so the platform's own flags, the endpoint's options and its ``extra_args`` all win over them."""
     opts = spec.options
     cmd = [str(python), "-m", VLLM_MODULE, *default_args, "--model", str(model_dir), "--served-model-name", spec.key,
-           "--host", "127.0.0.1", "--port", str(port)]
+           "--host", host, "--port", str(port)]
     for key, flag in OPTION_FLAGS.items():
         if opts.get(key) is not None:
             cmd += [flag, str(opts[key])]

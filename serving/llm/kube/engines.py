@@ -1,0 +1,184 @@
+"""The launcher of a cluster: engines as Deployments, with the one-machine launcher's face.
+
+``serving llm`` with ``SERVING_LLM_ON_KUBERNETES=true`` (the chart runs it in the control plane's pod,
+with RBAC on Deployments, Services and Pods of its namespace) takes this in place of launch/launcher.py:
+the same ``apply`` (a snapshot), ``tick``, ``view`` (``GET /engines``) and ``readiness``.
+
+- ``tick`` reconciles at most every ``RECONCILE_S``: it creates the Deployment and Service of an engine
+  a snapshot wants, replaces a Deployment whose pods should run something else (rolling, see
+  manifests.py), sets its replicas, and deletes the engines of this release no snapshot wants any more.
+  What it made is found again by labels, so a restarted control plane adopts its engines, not restarts them.
+- ``view`` lists each engine's pods as its replicas: ``ready`` by the pod's Ready condition (vLLM's
+  ``/health`` as readiness probe), ``failed`` with the reason kubelet gives (an image that cannot be
+  pulled, a crash loop, the model folder not fetched), else ``starting``. Workers route over the ready
+  ones by the endpoint's policy, as over local replicas.
+- A failing Kubernetes API leaves the engines as they are and marks the wanted ones failed with the
+  API's error, so ``serving model add --wait`` says why; the next tick tries again.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from serving.kube_api import InCluster, KubeError
+from serving.llm.kube import manifests
+from serving.llm.kube.template import EngineTemplate
+from serving.llm.launch.process import EngineSpec, wanted_engines
+from serving.settings import LLMSettings
+
+log = logging.getLogger(__name__)
+
+RECONCILE_S = 2.0
+# a container waiting for one of these will not start by itself
+STUCK = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+         "CreateContainerError", "RunContainerError"}
+
+
+class KubeEngines:
+    def __init__(self, api: InCluster, template: EngineTemplate, kv_cache_gb: float | None = None,
+                 on_change: Callable[[], None] = lambda: None) -> None:
+        self.api, self.template, self.kv_cache_gb = api, template, kv_cache_gb
+        self.on_change = on_change
+        self.wanted: dict[str, EngineSpec] = {}
+        self.revision = -1
+        self.lock = threading.Lock()
+        self._views: dict[str, dict[str, Any]] = {}
+        self._api_error: str | None = None
+        self._due = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: LLMSettings, on_change: Callable[[], None] = lambda: None) -> "KubeEngines":
+        api = InCluster.from_pod()
+        if api is None:
+            raise RuntimeError("SERVING_LLM_ON_KUBERNETES is set but this is no pod with a service account token")
+        return cls(api, EngineTemplate.model_validate(settings.llm_kube_engine), settings.vllm_kv_cache_gb, on_change)
+
+    def apply(self, snapshot: dict[str, Any]) -> None:
+        with self.lock:
+            self.wanted = wanted_engines(snapshot)
+            self.revision = int(snapshot.get("revision", -1))
+            self._due = 0.0
+
+    # --- the loop ---------------------------------------------------------------------
+    def tick(self) -> None:
+        if time.monotonic() < self._due:
+            return
+        self._due = time.monotonic() + RECONCILE_S
+        with self.lock:
+            wanted = dict(self.wanted)
+        try:
+            self._reconcile(wanted)
+            views = self._read(wanted)
+            error = None
+        except KubeError as exc:
+            log.warning("engines on Kubernetes: %s", exc)
+            views, error = {}, f"the Kubernetes API: {exc}"
+        changed = {k: v["state"] for k, v in views.items()} != {k: v["state"] for k, v in self._views.items()}
+        with self.lock:
+            self._views, self._api_error = views, error
+        if changed or error:
+            self.on_change()
+
+    def _reconcile(self, wanted: dict[str, EngineSpec]) -> None:
+        ns, t = self.api.namespace, self.template
+        params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
+        have = {d["metadata"]["name"]: d for d in
+                self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments", params)["items"]}
+        services = {s["metadata"]["name"] for s in self.api.get(f"/api/v1/namespaces/{ns}/services", params)["items"]}
+        desired = {manifests.engine_name(t.release, k): spec for k, spec in wanted.items()}
+        for name, spec in desired.items():
+            self._ensure(name, spec, have.get(name), name in services)
+        for name in sorted(set(have) - set(desired)):
+            log.info("engine %s (%s) no longer deployed: deleting it", name,
+                     have[name]["metadata"].get("annotations", {}).get(manifests.KEY_ANNOTATION))
+            self.api.request("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+                             {"propagationPolicy": "Background"}, missing_ok=True)
+        for name in sorted(services - set(desired)):
+            self.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/{name}", missing_ok=True)
+
+    def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> None:
+        ns = self.api.namespace
+        body = manifests.deployment(spec, self.template, self.kv_cache_gb)
+        if current is None:
+            log.info("engine %s: creating Deployment %s (%d replicas)", spec.key, name, spec.replicas)
+            self.api.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)
+        elif _differs(current, body):
+            log.info("engine %s: replacing Deployment %s (its pods change, or their number)", spec.key, name)
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            self.api.request("PUT", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}", body)
+        if not has_service:
+            self.api.request("POST", f"/api/v1/namespaces/{ns}/services", manifests.service(spec, self.template))
+
+    def _read(self, wanted: dict[str, EngineSpec]) -> dict[str, dict[str, Any]]:
+        ns, t = self.api.namespace, self.template
+        params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
+        pods = self.api.get(f"/api/v1/namespaces/{ns}/pods", params)["items"]
+        by_engine: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            by_engine.setdefault(pod["metadata"].get("labels", {}).get("serving.io/engine", ""), []).append(pod)
+        return {key: engine_view(key, by_engine.get(manifests.engine_name(t.release, key), []), t.port,
+                                 sorted(spec.adapters))
+                for key, spec in wanted.items()}
+
+    # --- what others read ---------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        with self.lock:
+            if self._api_error:
+                return {"engines": {k: _failed(k, self._api_error) for k in self.wanted}}
+            return {"engines": {k: v for k, v in self._views.items() if k in self.wanted}}
+
+    def readiness(self) -> dict[str, Any]:
+        views = self.view()["engines"]
+        with self.lock:
+            failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
+            return {"revision": self.revision, "failures": failures}
+
+    def close(self) -> None:
+        """Nothing to stop: the engines are the cluster's, and a restarted control plane adopts them."""
+
+
+def _differs(current: dict[str, Any], body: dict[str, Any]) -> bool:
+    annotations = current["metadata"].get("annotations") or {}
+    return annotations.get(manifests.HASH_ANNOTATION) != body["metadata"]["annotations"][manifests.HASH_ANNOTATION] \
+        or current["spec"].get("replicas") != body["spec"]["replicas"]
+
+
+def _failed(key: str, error: str) -> dict[str, Any]:
+    return {"url": None, "served_model_name": key, "state": "failed", "error": error, "replicas": []}
+
+
+def engine_view(key: str, pods: list[dict[str, Any]], port: int, adapters: list[str]) -> dict[str, Any]:
+    """``GET /engines``'s entry for an engine from its pods (terminating ones left out), shaped as the
+    one-machine launcher's (launch/launcher.py ``EngineSet.view``)."""
+    replicas = [pod_view(p, port, adapters) for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+                if not p["metadata"].get("deletionTimestamp")]
+    states = {r["state"] for r in replicas}
+    state = "ready" if "ready" in states else "starting" if "starting" in states or not replicas else "failed"
+    first = next((r for r in replicas if r["state"] == "ready"), None)
+    error = next((f"pod {r['id']}: {r['error']}" for r in replicas if r["error"]), None) if state != "ready" else None
+    return {"url": first["url"] if first else None, "served_model_name": key, "state": state, "error": error,
+            "replicas": replicas}
+
+
+def pod_view(pod: dict[str, Any], port: int, adapters: list[str]) -> dict[str, Any]:
+    status = pod.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    error = None if ready else _stuck(status)
+    ip = status.get("podIP")
+    return {"id": pod["metadata"]["name"], "url": f"http://{ip}:{port}/v1" if ip else None,
+            "state": "ready" if ready and ip else "failed" if error else "starting", "error": error,
+            "adapters": list(adapters) if ready else []}
+
+
+def _stuck(status: dict[str, Any]) -> str | None:
+    """Why a pod will not become ready by itself, in kubelet's words, or None while it may still."""
+    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK:
+            last = (c.get("lastState") or {}).get("terminated") or {}
+            said = (last.get("message") or "").strip().splitlines()
+            detail = said[-1] if said else waiting.get("message") or last.get("reason") or ""
+            return f"{c['name']}: {waiting['reason']}" + (f": {detail[:300]}" if detail else "")
+    return None
