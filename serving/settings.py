@@ -70,7 +70,9 @@ class ControlPlaneSettings(CommonSettings):
     autoscaling_workers: str | None = None
     autoscaling_triton: str | None = None
     autoscaling_llm: str | None = None
+    autoscaling_llm_engines_port: int | None = None  # the launcher's engines (llmEngines): their pods' port
     autoscaling_namespace: str | None = None
+    signals_port: int = Field(0, ge=0, le=65535)  # the same signals as JSON for KEDA's metrics-api scaler; 0: off
 
     def resolved_torchserve_model_store(self) -> Path:
         return self.torchserve_model_store or self.home / "model-store"

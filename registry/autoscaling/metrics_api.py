@@ -4,8 +4,9 @@ The API server's aggregation layer sends here what an HPA asks for its ``Externa
 has authenticated and authorized the caller (the HPA controller) itself; this server only accepts
 connections whose client certificate the cluster's front-proxy CA signed (the TLS set-up in
 serve.py), so nothing but the API server reaches it. Answers are in Kubernetes' shapes: a
-``ExternalMetricValueList`` of one item (the signal over the whole release: a label selector narrows
-nothing), and a ``Status`` for what it does not serve. One APIService per cluster names one server:
+``ExternalMetricValueList`` of one item (the signal over the whole release, where a label selector narrows
+nothing; an LLM engine's own, named by its selector: engine_signals.py), and a ``Status`` for what it does
+not serve. One APIService per cluster names one server:
 the release that enables it serves its own namespace and says so to others.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, AsyncIterator, Sequence
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from registry.autoscaling.engine_signals import EngineSignals
 from registry.autoscaling.signals import Reading, Signal
 
 GROUP_VERSION = "external.metrics.k8s.io/v1beta1"
@@ -40,9 +42,12 @@ def value_list(name: str, reading: Reading) -> dict[str, Any]:
             "items": [{"metricName": name, "metricLabels": {}, "timestamp": stamp, "value": quantity(reading.value)}]}
 
 
-def create_metrics_app(signals: Sequence[Signal], namespace: str, samplers: Sequence[Any] = ()) -> FastAPI:
-    """The API for ``signals`` in ``namespace``; ``samplers``' ``run()`` go on while it serves."""
+def create_metrics_app(signals: Sequence[Signal], namespace: str, samplers: Sequence[Any] = (),
+                       engines: EngineSignals | None = None) -> FastAPI:
+    """The API for ``signals`` in ``namespace``; ``samplers``' ``run()`` go on while it serves. ``engines``:
+    each LLM engine's signals too, when the HPA's selector names one."""
     by_name = {s.name: s for s in signals}
+    per_engine = engines.metrics if engines is not None else frozenset()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,6 +55,8 @@ def create_metrics_app(signals: Sequence[Signal], namespace: str, samplers: Sequ
         yield
         for task in tasks:
             task.cancel()
+        if engines is not None:
+            engines.close()
 
     app = FastAPI(title="serving external metrics", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -63,13 +70,19 @@ def create_metrics_app(signals: Sequence[Signal], namespace: str, samplers: Sequ
     def resources() -> dict[str, Any]:
         return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": GROUP_VERSION,
                 "resources": [{"name": name, "singularName": "", "namespaced": True, "kind": "ExternalMetricValueList",
-                               "verbs": ["get"]} for name in sorted(by_name)]}
+                               "verbs": ["get"]} for name in sorted(set(by_name) | per_engine)]}
 
     @app.get(BASE + "/namespaces/{ns}/{metric}")
-    def metric(ns: str, metric: str) -> Any:
+    async def metric(ns: str, metric: str, labelSelector: str = "") -> Any:  # noqa: N803 - Kubernetes' name
         signal = by_name.get(metric)
+        if engines is not None and metric in per_engine and labelSelector:
+            try:
+                signal = engines.get(metric, labelSelector)
+            except ValueError as exc:
+                return status(400, "BadRequest", str(exc))
         if signal is None:
-            return status(404, "NotFound", f"no external metric {metric!r} here; served: {', '.join(sorted(by_name))}")
+            served = ", ".join(sorted(set(by_name) | per_engine))
+            return status(404, "NotFound", f"no external metric {metric!r} here; served: {served}")
         if ns != namespace:
             return status(404, "NotFound", f"{metric} is served for namespace {namespace!r} only (its release's "
                                            f"control plane), not {ns!r}")

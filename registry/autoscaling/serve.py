@@ -18,7 +18,9 @@ from pathlib import Path
 import uvicorn
 
 from registry.autoscaling.metrics_api import create_metrics_app
-from registry.autoscaling.catalogue import signals
+from registry.autoscaling.catalogue import Signals, signals
+from registry.autoscaling.signals_http import create_signals_app
+from registry.autoscaling.engine_signals import EngineSignals
 from serving.kube_api import InCluster, KubeError
 from serving.settings import ControlPlaneSettings
 
@@ -39,7 +41,26 @@ def front_proxy_ca(cluster: InCluster, dest: Path) -> Path:
     return dest
 
 
-def metrics_api_config(settings: ControlPlaneSettings) -> uvicorn.Config | None:
+def autoscaling_configs(settings: ControlPlaneSettings) -> list[uvicorn.Config]:
+    """The servers of the signals: the external metrics API (SERVING_METRICS_API_PORT, when it can run) and the
+    plain JSON one for KEDA (SERVING_SIGNALS_PORT), sharing one sampling of the pods."""
+    served = signals(settings.autoscaling_workers, settings.autoscaling_triton, settings.autoscaling_llm)
+    configs = []
+    if settings.metrics_api_port:
+        metrics = metrics_api_config(settings, served)
+        if metrics is not None:
+            configs.append(metrics)
+    if settings.signals_port:
+        from serving.credentials import worker_token
+
+        # the metrics API's server samples the pods; without it, this one does
+        app = create_signals_app(served.signals, lambda: worker_token(settings), () if configs else served.scrapes)
+        configs.append(uvicorn.Config(app, host=settings.control_plane_host, port=settings.signals_port,
+                                      log_level="warning", timeout_graceful_shutdown=2))
+    return configs
+
+
+def metrics_api_config(settings: ControlPlaneSettings, served: Signals | None = None) -> uvicorn.Config | None:
     """The server for SERVING_METRICS_API_PORT, or None (logged why) when it cannot run."""
     if not (settings.metrics_api_cert and settings.metrics_api_key):
         log.error("the metrics API is off: SERVING_METRICS_API_CERT and SERVING_METRICS_API_KEY are needed")
@@ -56,8 +77,9 @@ def metrics_api_config(settings: ControlPlaneSettings) -> uvicorn.Config | None:
             log.error("the metrics API is off: the front-proxy CA could not be read: %s", exc)
             return None
     namespace = settings.autoscaling_namespace or (cluster.namespace if cluster else "default")
-    served = signals(settings.autoscaling_workers, settings.autoscaling_triton, settings.autoscaling_llm)
-    app = create_metrics_app(served.signals, namespace, samplers=served.scrapes)
+    served = served or signals(settings.autoscaling_workers, settings.autoscaling_triton, settings.autoscaling_llm)
+    engines = EngineSignals(settings.autoscaling_llm_engines_port) if settings.autoscaling_llm_engines_port else None
+    app = create_metrics_app(served.signals, namespace, samplers=served.scrapes, engines=engines)
     return uvicorn.Config(app, host=settings.control_plane_host, port=settings.metrics_api_port, log_level="warning",
                           ssl_certfile=str(settings.metrics_api_cert), ssl_keyfile=str(settings.metrics_api_key),
                           ssl_ca_certs=str(ca), ssl_cert_reqs=ssl.CERT_REQUIRED, timeout_graceful_shutdown=2)

@@ -39,12 +39,10 @@ def control_plane() -> None:
     if ts_port:
         configs.append(uvicorn.Config(create_management_app(app, settings), host=host, port=ts_port,
                                       lifespan="off", log_level="warning", timeout_graceful_shutdown=2))
-    if settings.metrics_api_port:  # the external metrics API for HPAs (registry/autoscaling/)
-        from registry.autoscaling.serve import metrics_api_config
+    if settings.metrics_api_port or settings.signals_port:  # the signals for HPAs or KEDA (registry/autoscaling/)
+        from registry.autoscaling.serve import autoscaling_configs
 
-        metrics = metrics_api_config(settings)
-        if metrics is not None:
-            configs.append(metrics)
+        configs += autoscaling_configs(settings)
     run_servers(configs)
 
 

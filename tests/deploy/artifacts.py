@@ -24,6 +24,7 @@ VALUES_FILES = {
     "autoscaling": CHART / "ci" / "autoscaling-values.yaml",
     "llm": CHART / "ci" / "llm-values.yaml",
     "llm-engines": CHART / "ci" / "llm-engines-values.yaml",
+    "keda": CHART / "ci" / "keda-values.yaml",
 }
 RELEASE, NAMESPACE = "demo", "ml"
 KUBE_VERSION = "1.30.0"  # the oldest schemas validated offline (1.20 is installed for real: tests/deploy/kube)

@@ -13,7 +13,8 @@ from tests.deploy.artifacts import CHART, KUBE_VERSION, NAMESPACE, RELEASE, VALU
 
 KINDS = list(VALUES_FILES)
 # prometheus-operator CRDs have no schema in kubernetes-validate; the tests below check them.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("keda.sh/v1alpha1", "ScaledObject"), ("keda.sh/v1alpha1", "TriggerAuthentication")}
 WORKLOADS = ("Deployment", "StatefulSet")
 
 
@@ -526,11 +527,17 @@ def test_llm_engines_values_give_the_control_plane_a_launcher_allowed_to_make_en
     assert template.node_selector == {"nvidia.com/gpu.present": "true"}
     assert template.init_image == cp["spec"]["template"]["spec"]["containers"][0]["image"]
     assert template.control_plane_url == f"http://{RELEASE}-serving-control-plane:8080"
-    (role,) = find(docs, "Role")
+    # each engine's HPA on its own signals, from the metrics API this release serves
+    assert template.autoscaling is not None and template.autoscaling.api_version == "autoscaling/v2"
+    assert template.autoscaling.targets() == [("serving_llm_waiting_requests", "AverageValue", 4),
+                                              ("serving_llm_ttft_ms", "Value", 800)]
+    cp_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert cp_env["SERVING_AUTOSCALING_LLM_ENGINES_PORT"] == str(template.port)
+    (role,) = find(docs, "Role", f"{RELEASE}-serving-llm-engines")
     rules = {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert set(rules) == {("apps", "deployments"), ("", "services"), ("", "pods")}
+    assert set(rules) == {("apps", "deployments"), ("", "services"), ("", "pods"), ("autoscaling", "horizontalpodautoscalers")}
     assert "delete" in rules[("apps", "deployments")] and rules[("", "pods")] <= {"get", "list", "watch"}
-    (binding,) = find(docs, "RoleBinding")
+    (binding,) = find(docs, "RoleBinding", f"{RELEASE}-serving-llm-engines")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
     (worker_cm,) = [d for d in find(docs, "ConfigMap") if d["metadata"]["name"] == f"{RELEASE}-serving-worker"]
@@ -540,3 +547,50 @@ def test_llm_engines_values_give_the_control_plane_a_launcher_allowed_to_make_en
     assert url == f"http://{RELEASE}-serving-control-plane:{port['port']}"
     assert port["targetPort"] == "llm-engines" and launcher["ports"][0]["name"] == "llm-engines"
     assert int(env["SERVING_LLM_LAUNCHER_PORT"]) == launcher["ports"][0]["containerPort"]
+
+
+def test_keda_values_render_scaled_objects_on_the_same_signals_in_place_of_the_hpas():
+    """Where KEDA runs: a ScaledObject per autoscaled component (no HPA: KEDA makes its own), one metrics-api
+    trigger per signal of the HPA it replaces, reading the control plane's signals port with the worker token
+    (a TriggerAuthentication on the tokens Secret), CPU as KEDA's cpu trigger. Checked against KEDA's CRD
+    fields (tests/deploy/keda_schema.py); KEDA itself is not installed on the test cluster."""
+    import jsonschema
+
+    from tests.deploy.keda_schema import METRICS_API_KEYS, SCALED_OBJECT, TRIGGER_AUTHENTICATION
+
+    docs = manifests("keda")
+    assert not find(docs, "HorizontalPodAutoscaler") and not find(docs, "APIService")
+    scaled = {d["metadata"]["name"]: d for d in find(docs, "ScaledObject")}
+    assert set(scaled) == {f"{RELEASE}-serving-{c}" for c in ("worker", "triton", "llm")}
+    for doc in scaled.values():
+        jsonschema.validate(doc, SCALED_OBJECT)
+        assert find(docs, "Deployment", doc["spec"]["scaleTargetRef"]["name"])
+    (auth,) = find(docs, "TriggerAuthentication")
+    jsonschema.validate(auth, TRIGGER_AUTHENTICATION)
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "token", "name": f"{RELEASE}-serving-tokens",
+                                                "key": "worker-token"}]
+    worker = scaled[f"{RELEASE}-serving-worker"]
+    api, cpu = worker["spec"]["triggers"]
+    assert api["type"] == "metrics-api" and set(api["metadata"]) <= METRICS_API_KEYS
+    assert api["metadata"] == {"url": f"http://{RELEASE}-serving-control-plane:8090/signals/serving_worker_requests_in_flight",
+                               "valueLocation": "value", "targetValue": "4", "authMode": "bearer"}
+    assert (api["metricType"], api["authenticationRef"]) == ("AverageValue", {"name": auth["metadata"]["name"]})
+    assert cpu == {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "80"}}
+    assert worker["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == \
+        {"scaleDown": {"stabilizationWindowSeconds": 120}}
+    llm = [(t["metadata"]["url"].rsplit("/", 1)[1], t["metricType"], t["metadata"]["targetValue"])
+           for t in scaled[f"{RELEASE}-serving-llm"]["spec"]["triggers"]]
+    assert llm == [("serving_llm_waiting_requests", "AverageValue", "4"), ("serving_llm_ttft_ms", "Value", "800")]
+    # the control plane serves those URLs: its signals port, through its Service, and samples the pods
+    (cp,) = find(docs, "Deployment", f"{RELEASE}-serving-control-plane")
+    env = {e["name"]: e.get("value") for e in cp["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SERVING_SIGNALS_PORT"] == "8090" and "SERVING_METRICS_API_PORT" not in env
+    assert env["SERVING_AUTOSCALING_WORKERS"] == f"{RELEASE}-serving-worker-pods:9090"
+    (svc,) = find(docs, "Service", f"{RELEASE}-serving-control-plane")
+    assert {"name": "signals", "port": 8090, "targetPort": "signals", "protocol": "TCP"} in svc["spec"]["ports"]
+    assert find(docs, "Service", f"{RELEASE}-serving-worker-pods")
+
+
+def test_keda_and_the_metrics_api_together_are_refused():
+    with pytest.raises(Exception, match="one APIService"):
+        manifests("keda", "metricsApi: {enabled: true}")

@@ -18,7 +18,15 @@
 {{/* The engine pods' template for the control plane's launcher (serving/llm/kube/template.py), as JSON. */}}
 {{- define "serving.llmEngineTemplate" -}}
 {{- $e := .Values.llmEngines }}
-{{- $t := dict "release" (include "serving.fullname" .) "image" (printf "%s:%s" $e.image.repository $e.image.tag) "pullPolicy" $e.image.pullPolicy "python" $e.python "port" $e.port "initImage" (include "serving.image" .) "initPullPolicy" .Values.image.pullPolicy "controlPlaneUrl" (include "serving.controlPlaneUrl" .) "workerToken" (dict "name" (include "serving.tokensSecret" .) "key" "worker-token") "gpus" $e.gpus "resources" $e.resources "nodeSelector" $e.nodeSelector "tolerations" $e.tolerations "extraArgs" $e.extraArgs "kvCacheGb" $e.kvCacheGb "shmSize" $e.shmSize "env" $e.env "startupSeconds" $e.startupSeconds }}
+{{- $t := dict "release" (include "serving.fullname" .) "owner" (include "serving.componentName" (list . "control-plane")) "image" (printf "%s:%s" $e.image.repository $e.image.tag) "pullPolicy" $e.image.pullPolicy "python" $e.python "port" $e.port "initImage" (include "serving.image" .) "initPullPolicy" .Values.image.pullPolicy "controlPlaneUrl" (include "serving.controlPlaneUrl" .) "workerToken" (dict "name" (include "serving.tokensSecret" .) "key" "worker-token") "gpus" $e.gpus "resources" $e.resources "nodeSelector" $e.nodeSelector "tolerations" $e.tolerations "extraArgs" $e.extraArgs "kvCacheGb" $e.kvCacheGb "shmSize" $e.shmSize "env" $e.env "startupSeconds" $e.startupSeconds }}
+{{- if $e.autoscaling.enabled }}
+{{- if not .Values.metricsApi.enabled }}
+{{- fail "llmEngines.autoscaling scales each engine on its own signals, served by the control plane's external metrics API: set metricsApi.enabled=true" }}
+{{- end }}
+{{- $a := omit $e.autoscaling "enabled" }}
+{{- $_ := set $a "apiVersion" (include "serving.hpaApiVersion" .) }}
+{{- $_ := set $t "autoscaling" $a }}
+{{- end }}
 {{- toJson $t }}
 {{- end }}
 

@@ -47,6 +47,7 @@ class KubeEngines:
         self._views: dict[str, dict[str, Any]] = {}
         self._api_error: str | None = None
         self._due = 0.0
+        self._owner: dict[str, Any] | None = None
 
     @classmethod
     def from_settings(cls, settings: LLMSettings, on_change: Callable[[], None] = lambda: None) -> "KubeEngines":
@@ -83,6 +84,8 @@ class KubeEngines:
 
     def _reconcile(self, wanted: dict[str, EngineSpec]) -> None:
         ns, t = self.api.namespace, self.template
+        if t.owner and self._owner is None:
+            self._owner = self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{t.owner}")
         params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
         have = {d["metadata"]["name"]: d for d in
                 self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments", params)["items"]}
@@ -97,19 +100,43 @@ class KubeEngines:
                              {"propagationPolicy": "Background"}, missing_ok=True)
         for name in sorted(services - set(desired)):
             self.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/{name}", missing_ok=True)
+        self._reconcile_hpas(desired, params)
 
     def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> None:
         ns = self.api.namespace
-        body = manifests.deployment(spec, self.template, self.kv_cache_gb)
+        body = manifests.owned(manifests.deployment(spec, self.template, self.kv_cache_gb), self._owner)
+        autoscaled = self.template.autoscaling is not None
         if current is None:
-            log.info("engine %s: creating Deployment %s (%d replicas)", spec.key, name, spec.replicas)
+            if autoscaled:  # the HPA takes the count from here
+                body["spec"]["replicas"] = self.template.autoscaling.min_replicas
+            log.info("engine %s: creating Deployment %s (%d replicas)", spec.key, name, body["spec"]["replicas"])
             self.api.request("POST", f"/apis/apps/v1/namespaces/{ns}/deployments", body)
-        elif _differs(current, body):
+        elif _differs(current, body, count=not autoscaled):
             log.info("engine %s: replacing Deployment %s (its pods change, or their number)", spec.key, name)
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            if autoscaled:
+                body["spec"]["replicas"] = current["spec"].get("replicas", 1)
             self.api.request("PUT", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}", body)
         if not has_service:
-            self.api.request("POST", f"/api/v1/namespaces/{ns}/services", manifests.service(spec, self.template))
+            self.api.request("POST", f"/api/v1/namespaces/{ns}/services",
+                             manifests.owned(manifests.service(spec, self.template), self._owner))
+
+    def _reconcile_hpas(self, desired: dict[str, EngineSpec], params: dict[str, str]) -> None:
+        """Each engine's HPA while llmEngines.autoscaling is on; none otherwise (one left from before is deleted)."""
+        a, ns = self.template.autoscaling, self.api.namespace
+        path = f"/apis/{a.api_version if a else 'autoscaling/v2beta2'}/namespaces/{ns}/horizontalpodautoscalers"
+        have = {h["metadata"]["name"]: h for h in self.api.get(path, params)["items"]}
+        wanted = {name: manifests.owned(manifests.hpa(spec, self.template), self._owner)
+                  for name, spec in desired.items()} if a else {}
+        for name, body in wanted.items():
+            current = have.get(name)
+            if current is None:
+                self.api.request("POST", path, body)
+            elif _hash(current) != _hash(body):
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                self.api.request("PUT", f"{path}/{name}", body)
+        for name in sorted(set(have) - set(wanted)):
+            self.api.request("DELETE", f"{path}/{name}", missing_ok=True)
 
     def _read(self, wanted: dict[str, EngineSpec]) -> dict[str, dict[str, Any]]:
         ns, t = self.api.namespace, self.template
@@ -139,10 +166,13 @@ class KubeEngines:
         """Nothing to stop: the engines are the cluster's, and a restarted control plane adopts them."""
 
 
-def _differs(current: dict[str, Any], body: dict[str, Any]) -> bool:
-    annotations = current["metadata"].get("annotations") or {}
-    return annotations.get(manifests.HASH_ANNOTATION) != body["metadata"]["annotations"][manifests.HASH_ANNOTATION] \
-        or current["spec"].get("replicas") != body["spec"]["replicas"]
+def _hash(body: dict[str, Any]) -> str | None:
+    return (body["metadata"].get("annotations") or {}).get(manifests.HASH_ANNOTATION)
+
+
+def _differs(current: dict[str, Any], body: dict[str, Any], count: bool = True) -> bool:
+    """Its pods should run something else, or (``count``: no HPA owns it) their number changed."""
+    return _hash(current) != _hash(body) or (count and current["spec"].get("replicas") != body["spec"]["replicas"])
 
 
 def _failed(key: str, error: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ MANAGED_BY = "serving-control-plane"
 KEY_ANNOTATION = "serving.io/engine-key"
 HASH_ANNOTATION = "serving.io/pod-template-hash"
 MODELS = "/models"
+PRE_STOP_S = 5
 
 
 def engine_name(release: str, key: str) -> str:
@@ -46,6 +47,14 @@ def selector(release: str) -> dict[str, str]:
 
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def owned(body: dict[str, Any], owner: dict[str, Any] | None) -> dict[str, Any]:
+    """``body`` owned by ``owner`` (the control plane's Deployment): deleting the release deletes its engines."""
+    if owner:
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                                "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]
+    return body
 
 
 def deployment(spec: EngineSpec, template: EngineTemplate, kv_cache_gb: float | None = None) -> dict[str, Any]:
@@ -78,6 +87,34 @@ def service(spec: EngineSpec, template: EngineTemplate) -> dict[str, Any]:
     }
 
 
+def hpa(spec: EngineSpec, template: EngineTemplate) -> dict[str, Any]:
+    """The engine's HPA on its own signals: External metrics selected by the engine's label, which the
+    control plane's metrics API reads from this engine's pods (registry/autoscaling/engine_signals.py)."""
+    a = template.autoscaling
+    assert a is not None
+    name = engine_name(template.release, spec.key)
+    metrics = [{"type": "External", "external": {
+        "metric": {"name": metric, "selector": {"matchLabels": {"serving.io/engine": name}}},
+        "target": {"type": kind, ("averageValue" if kind == "AverageValue" else "value"): _quantity(value)}}}
+        for metric, kind, value in a.targets()]
+    body: dict[str, Any] = {
+        "apiVersion": a.api_version, "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "labels": {**selector(template.release), "serving.io/engine": name},
+                     "annotations": {KEY_ANNOTATION: spec.key}},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                 "minReplicas": a.min_replicas, "maxReplicas": max(a.max_replicas, a.min_replicas),
+                 "metrics": metrics}}
+    if a.behavior:
+        body["spec"]["behavior"] = a.behavior
+    body["metadata"]["annotations"][HASH_ANNOTATION] = hashlib.sha256(
+        json.dumps(body["spec"], sort_keys=True).encode()).hexdigest()[:16]
+    return body
+
+
+def _quantity(value: float) -> str:
+    return f"{round(value * 1000)}m" if value != int(value) else str(int(value))
+
+
 def _pod(spec: EngineSpec, t: EngineTemplate, labels: dict[str, str], kv_cache_gb: float | None) -> dict[str, Any]:
     adapters = sorted(spec.adapters.items())
     command = vllm_command(t.python, spec, f"{MODELS}/model", t.port,
@@ -104,6 +141,9 @@ def _pod(spec: EngineSpec, t: EngineTemplate, labels: dict[str, str], kv_cache_g
             "startupProbe": {**probe, "failureThreshold": max(1, t.startup_seconds // 5)},
             "readinessProbe": probe, "livenessProbe": {**probe, "periodSeconds": 15},
             "resources": resources,
+            # a pod being deleted leaves GET /engines at once; the workers' map is a few seconds old: it
+            # keeps serving until they have stopped sending to it
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_S)]}}},
             "volumeMounts": [{**mounts[0], "readOnly": True}, {"name": "dshm", "mountPath": "/dev/shm"}]}],
         "volumes": [{"name": "models", "emptyDir": {}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": t.shm_size}}],

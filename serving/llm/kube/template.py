@@ -21,10 +21,32 @@ class TokenSecret(BaseModel):
     key: str
 
 
+class EngineAutoscaling(BaseModel):
+    """Each engine's HPA on its own signals (the control plane's external metrics API, selected by engine)."""
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    api_version: str = "autoscaling/v2beta2"  # the chart's pick for the cluster (v2 from 1.23)
+    min_replicas: int = Field(1, ge=1)
+    max_replicas: int = Field(4, ge=1)
+    waiting_requests_per_replica: float | None = Field(4, gt=0)  # vllm:num_requests_waiting, per replica
+    kv_cache_usage: float | None = Field(None, gt=0, le=1)        # the pods' mean, 0 to 1
+    ttft_milliseconds: float | None = Field(None, gt=0)           # mean time to first token over 10 s
+    behavior: dict[str, Any] = Field(default_factory=dict)
+
+    def targets(self) -> list[tuple[str, str, float]]:
+        """(metric, target type, value) of each target set."""
+        named = [("serving_llm_waiting_requests", "AverageValue", self.waiting_requests_per_replica),
+                 ("serving_llm_kv_cache_usage", "Value", self.kv_cache_usage),
+                 ("serving_llm_ttft_ms", "Value", self.ttft_milliseconds)]
+        return [(m, kind, v) for m, kind, v in named if v is not None]
+
+
 class EngineTemplate(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
     release: str                         # the chart's full name: prefixes the engines' names, labels them
+    owner: str | None = None             # the control plane's Deployment: owns the engines (helm uninstall's GC)
     image: str                           # vLLM's image (vllm/vllm-openai on GPUs)
     pull_policy: str = "IfNotPresent"
     python: str = "python3"              # the image's interpreter with vllm installed
@@ -42,6 +64,7 @@ class EngineTemplate(BaseModel):
     shm_size: str = "1Gi"
     env: dict[str, str] = Field(default_factory=dict)
     startup_seconds: int = 900           # loading weights (and compiling) may take this long
+    autoscaling: EngineAutoscaling | None = None  # None: a version's replicas= is the count
 
     def for_options(self, options: dict[str, Any]) -> "EngineTemplate":
         """This template with what the version's options set for its pods."""

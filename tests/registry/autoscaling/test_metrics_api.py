@@ -197,3 +197,66 @@ def test_the_load_is_the_sum_over_the_pods_that_answer(monkeypatch):
     assert load.name == IN_FLIGHT
     with pytest.raises(ValueError):
         PodScrape("no-port", set())
+
+
+def vllm_metrics(waiting: float) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n",
+                        media_type="text/plain")
+    return app
+
+
+def test_an_engines_signals_are_read_from_its_own_pods_when_its_selector_names_it():
+    """Each engine's HPA names its engine (serving.io/engine=<name>, the name of its headless Service): the
+    first ask starts reading that name's pods (here ``localhost``, a real server answering vLLM's gauge), and
+    answers once sampled; a selector naming no engine is refused in Kubernetes' shape."""
+    from registry.autoscaling.engine_signals import EngineSignals
+
+    port, metric = free_port(), "serving_llm_waiting_requests"
+    with serve_in_thread(vllm_metrics(5), port), \
+            TestClient(create_metrics_app([], "prod", engines=EngineSignals(port))) as client:
+        url = f"{BASE}/namespaces/prod/{metric}"
+        assert metric in [r["name"] for r in client.get(BASE).json()["resources"]]
+        first = client.get(url, params={"labelSelector": "serving.io/engine=localhost"})
+        assert (first.status_code, first.json()["reason"]) == (503, "ServiceUnavailable")  # not sampled yet
+
+        def sampled():
+            r = client.get(url, params={"labelSelector": "serving.io/engine=localhost"})
+            return r.status_code == 200 and r.json()["items"][0]["value"]
+        from tests.support.procs import wait_until
+
+        assert wait_until(sampled, 10, "the engine's pods sampled") == "5000m"
+        bad = client.get(url, params={"labelSelector": "app=x"})
+        assert (bad.status_code, bad.json()["reason"]) == (400, "BadRequest")
+        assert "serving.io/engine=<engine>" in bad.json()["message"]
+        # without a selector an LLM signal is the release-wide one: none here
+        assert client.get(url).status_code == 404
+
+
+def test_keda_reads_the_same_signals_as_json_with_the_worker_token(monkeypatch):
+    """The control plane with only SERVING_SIGNALS_PORT (a cluster where KEDA holds the external metrics API):
+    its own server samples the workers (a real server answering a worker's /metrics) and answers KEDA's
+    metrics-api scaler, which sends the worker token as a bearer token."""
+    from registry.autoscaling.serve import autoscaling_configs
+
+    pod, port = free_port(), free_port()
+    monkeypatch.setenv("SERVING_WORKER_TOKEN", "wt-secret")
+    settings = ControlPlaneSettings(signals_port=port, autoscaling_workers=f"localhost:{pod}", control_plane_host="127.0.0.1")
+    (config,) = autoscaling_configs(settings)
+    with serve_in_thread(worker_metrics(InFlight(3)), pod), serve_config_in_thread(config):
+        url = f"http://127.0.0.1:{port}/signals/{IN_FLIGHT}"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+        def value():
+            r = httpx.get(url, headers={"Authorization": "Bearer wt-secret"})
+            return r.status_code == 200 and r.json()
+        from tests.support.procs import wait_until
+
+        body = wait_until(value, 10, "the workers sampled")
+        assert body["metric"] == IN_FLIGHT and body["value"] == 3.0 and body["samples"] >= 1
+        missing = httpx.get(f"http://127.0.0.1:{port}/signals/cpu", headers={"Authorization": "Bearer wt-secret"})
+        assert missing.status_code == 404 and IN_FLIGHT in missing.json()["detail"]

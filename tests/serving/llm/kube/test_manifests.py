@@ -142,3 +142,28 @@ def test_both_objects_match_the_kubernetes_schema(adapters):
     spec = only({"gpus": 1, "cpu": "4"}, adapters)
     for doc in (manifests.deployment(spec, TEMPLATE), manifests.service(spec, TEMPLATE)):
         kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+
+
+def test_an_engines_hpa_scales_its_deployment_on_that_engines_own_signals():
+    """External metrics whose selector names the engine (the control plane's metrics API reads that engine's
+    pods: registry/autoscaling/engine_signals.py), targets and behavior from the values."""
+    import kubernetes_validate
+
+    from serving.llm.kube.template import EngineAutoscaling
+    from tests.deploy.artifacts import KUBE_VERSION
+
+    scaled = TEMPLATE.model_copy(update={"autoscaling": EngineAutoscaling.model_validate({
+        "apiVersion": "autoscaling/v2", "minReplicas": 1, "maxReplicas": 3, "waitingRequestsPerReplica": 4,
+        "ttftMilliseconds": 800.5, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 30}}})})
+    spec = only({})
+    body, dep = manifests.hpa(spec, scaled), manifests.deployment(spec, scaled)
+    kubernetes_validate.validate(body, KUBE_VERSION, strict=True)
+    assert body["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                              "name": dep["metadata"]["name"]}
+    engine = dep["spec"]["selector"]["matchLabels"]
+    assert [(m["external"]["metric"]["name"], m["external"]["metric"]["selector"]["matchLabels"], m["external"]["target"])
+            for m in body["spec"]["metrics"]] == [
+        ("serving_llm_waiting_requests", engine, {"type": "AverageValue", "averageValue": "4"}),
+        ("serving_llm_ttft_ms", engine, {"type": "Value", "value": "800500m"})]
+    assert (body["spec"]["minReplicas"], body["spec"]["maxReplicas"]) == (1, 3)
+    assert body["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 30}}
