@@ -1,4 +1,11 @@
-"""``python -m benchmarks.autoscaling [--low-s 40] [--high-s 120] [--tail-s 90]`` (root; the cluster of tests/deploy/kube).
+"""``python -m benchmarks.autoscaling [--target workers|engines] [--low-s S] [--high-s S] [--tail-s S]`` (root; the
+cluster of tests/deploy/kube).
+
+``--target engines``: the same comparison for an LLM engine the control plane runs (vLLM's CPU build, one
+sequence at a time, a tiny Llama: tests/deploy/kube/llm_engines_load.py): 1, then 6, then 1 chat clients; the
+engine's own HPA on its waiting requests (2 a replica, 1 to 3 pods) against 1 and 3 fixed pods (the
+version's ``replicas=``); every answer must be greedy generate's. Results ``results/autoscaling-engines.*``.
+The rest of this text describes ``--target workers`` (the default):
 
 Autoscaled workers against fixed ones, on the real single-node Kubernetes the suite installs on: a load
 that rises and falls (closed-loop clients through the workers' Service: 2, then 16, then 2 again) is
@@ -25,32 +32,76 @@ import argparse
 import json
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
 
-from tests.deploy.kube.autoscaling_load import Clients, Watch, autoscaling_values, deploy_hold, percentile_ms
+from tests.deploy.kube import llm_engines_load as llm
+from tests.deploy.kube.autoscaling_load import (
+    Clients, Request, Watch, autoscaling_values, deploy_hold, external_metric, hold_request, percentile_ms, ready_workers,
+)
 from tests.deploy.kube.conftest import start_cluster, stop_cluster
-from tests.deploy.kube.helm_release import images_in_node, installed
+from tests.deploy.kube.helm_release import Release, images_in_node, installed
+from tests.support.procs import wait_until
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()
-VARIANTS: dict[str, dict] = {
+
+
+@dataclass
+class Target:
+    """What scales, the load on it, and how one install is made ready for it."""
+
+    name: str
+    pods: str                              # what the plot's replicas are
+    low: int                               # clients before and after the peak
+    high: int                              # clients at the peak
+    most: int                              # replicas at most (fixed-max's count)
+    per_replica: int                       # the HPA's target per replica
+    variants: dict[str, dict]              # variant -> the chart's values
+    defaults: tuple[float, float, float]   # low, high, tail seconds
+    ready: Callable[[Release], int]
+    # (release, tmp, variant) -> (the clients' request, the metric the HPA reads or None)
+    prepare: Callable[[Release, Path, str], tuple[Request, Callable[[Release], float | None] | None]]
+
+
+def _workers(release: Release, tmp: Path, variant: str):
+    deploy_hold(release, tmp)
+    return hold_request, (external_metric if variant == "autoscaled" else None)
+
+
+def _engines(release: Release, tmp: Path, variant: str):
+    from serving.testmodels_llm import build_tiny_llama
+
+    folder = build_tiny_llama(tmp / "tiny-llama").path
+    fixed = {"fixed-min": ("replicas=1",), "fixed-max": (f"replicas={ENGINES.most}",)}.get(variant, ())
+    chat = llm.deploy_chat(release, folder, *fixed)
+    if fixed:  # every pod of a fixed count up before the replay, as the workers' fixed variants are
+        wait_until(lambda: llm.ready_engine_pods(release) == int(fixed[0].split("=")[1]), 600, "the engine's pods")
+        return chat.request(), None
+    (dep,) = llm.engines(release)
+    return chat.request(), (lambda r: llm.waiting(r, dep["metadata"]["name"]))
+
+
+WORKERS = Target("workers", "ready workers", 2, 16, 4, 4, {
     "autoscaled": autoscaling_values(per_replica=4, most=4),
     "fixed-min": {"worker": {"replicas": 1}},
     "fixed-max": {"worker": {"replicas": 4}},
-}
+}, (60, 90, 150), ready_workers, _workers)
+ENGINES = Target("engines", "ready engine pods", 1, 6, 3, 2, {}, (90, 60, 150), llm.ready_engine_pods, _engines)
 
 
-def replay(release, low_s: float, high_s: float, tail_s: float, autoscaled: bool) -> dict[str, Any]:
+def replay(release, target: Target, request: Request, metric, low_s: float, high_s: float,
+           tail_s: float) -> dict[str, Any]:
     """The load's three steps; the samples and every request's (start, latency, outcome), times from its start."""
-    clients = Clients(release).start(16)
+    clients = Clients(release, request=request).start(target.high)
     try:
-        with Watch(release, clients, metric=autoscaled) as watch:
+        with Watch(release, clients, metric=metric, ready=target.ready) as watch:
             t0 = time.monotonic()
-            for count, seconds in ((2, low_s), (16, high_s), (2, tail_s)):
+            for count, seconds in ((target.low, low_s), (target.high, high_s), (target.low, tail_s)):
                 clients.count = count
                 time.sleep(seconds)
     finally:
@@ -70,11 +121,13 @@ def summary(run: dict[str, Any], high: tuple[float, float]) -> dict[str, Any]:
 
 
 def landed(run: dict[str, Any], low_s: float, most: int) -> float:
-    """When the autoscaled workers first stood at ``most`` ready after the rise (seconds from the start)."""
-    return next(s[0] for s in run["samples"] if s[0] >= low_s and s[3] >= most)
+    """When the autoscaled replicas first stood at their peak after the rise (``most``, or fewer where the HPA
+    asked for fewer), in seconds from the start."""
+    peak = min(most, max(s[3] for s in run["samples"] if s[0] >= low_s))
+    return next(s[0] for s in run["samples"] if s[0] >= low_s and s[3] >= peak)
 
 
-def plot(runs: dict[str, dict[str, Any]], path: Path, low_s: float, high_s: float) -> None:
+def plot(runs: dict[str, dict[str, Any]], path: Path, target: Target, low_s: float, high_s: float) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -90,44 +143,40 @@ def plot(runs: dict[str, dict[str, Any]], path: Path, low_s: float, high_s: floa
     for ax in (top, bottom):
         ax.axvspan(low_s, low_s + high_s, color="0.92", zorder=0)
         ax.legend()
-    top.set_ylabel("ready workers")
+    top.set_ylabel(target.pods)
     bottom.set_ylabel("p99 of 5 s (ms)")
-    bottom.set_xlabel("seconds (grey: 16 clients; else 2)")
-    fig.suptitle("Workers autoscaled on requests in flight vs fixed (single-node Kubernetes 1.20)")
+    bottom.set_xlabel(f"seconds (grey: {target.high} clients; else {target.low})")
+    signal = "requests in flight" if target is WORKERS else "its waiting requests"
+    fig.suptitle(f"{target.name.capitalize()} autoscaled on {signal} vs fixed (single-node Kubernetes 1.20)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--low-s", type=float, default=60)
-    parser.add_argument("--high-s", type=float, default=90)
-    parser.add_argument("--tail-s", type=float, default=150)
+    parser.add_argument("--target", choices=("workers", "engines"), default="workers")
+    parser.add_argument("--low-s", type=float)
+    parser.add_argument("--high-s", type=float)
+    parser.add_argument("--tail-s", type=float)
     args = parser.parse_args()
-    runs: dict[str, dict[str, Any]] = {}
-    cluster = start_cluster()
-    try:
-        with images_in_node(cluster) as names:
-            for name, extra in VARIANTS.items():
-                with tempfile.TemporaryDirectory(prefix="serving-bench-autoscaling-") as tmp, \
-                        installed(cluster, names, Path(tmp), extra) as release:
-                    deploy_hold(release, Path(tmp))
-                    console.print(f"[bold]{name}[/bold]: replaying 2 -> 16 -> 2 clients")
-                    runs[name] = replay(release, args.low_s, args.high_s, args.tail_s, name == "autoscaled")
-    finally:
-        stop_cluster(cluster)
-    high = (landed(runs["autoscaled"], args.low_s, 4), args.low_s + args.high_s)
+    target = WORKERS if args.target == "workers" else ENGINES
+    low_s, high_s, tail_s = (given if given is not None else default for given, default in
+                             zip((args.low_s, args.high_s, args.tail_s), target.defaults))
+    runs = run_variants(target, low_s, high_s, tail_s)
+    high = (landed(runs["autoscaled"], low_s, target.most), low_s + high_s)
     results = {name: summary(run, high) for name, run in runs.items()}
     base = results["fixed-max"]
-    ideal = (args.low_s + 4 * args.high_s + args.tail_s) / 60  # ceil(2 / 4) = 1 worker, ceil(16 / 4) = 4
+    # ceil(clients / target) replicas at every instant, no lag: the least any autoscaler could use
+    low_n, high_n = (min(target.most, -(-n // target.per_replica)) for n in (target.low, target.high))
+    ideal = (low_n * (low_s + tail_s) + high_n * high_s) / 60
     results["ideal (computed)"] = {"requests": 0, "lost": 0, "p99_ms": float("nan"),
                                    "p99_high_after_scale_up_ms": float("nan"), "replica_minutes": ideal,
-                                   "max_ready": 4}
+                                   "max_ready": high_n}
     for r in results.values():
         r["p99_high_ratio_to_fixed_max"] = r["p99_high_after_scale_up_ms"] / base["p99_high_after_scale_up_ms"]
         r["replica_minutes_ratio_to_fixed_max"] = r["replica_minutes"] / base["replica_minutes"]
-    table = Table(title=f"2 -> 16 -> 2 clients ({args.low_s:.0f} s, {args.high_s:.0f} s, {args.tail_s:.0f} s); "
-                        f"scale-up landed at {high[0]:.0f} s")
+    table = Table(title=f"{target.name}: {target.low} -> {target.high} -> {target.low} clients ({low_s:.0f} s, "
+                        f"{high_s:.0f} s, {tail_s:.0f} s); scale-up landed at {high[0]:.0f} s")
     for column in ("variant", "requests", "lost", "p99 (ms)", "p99 high, after scale-up (ms)", "x fixed-max",
                    "replica-minutes", "x fixed-max"):
         table.add_column(column, justify="right")
@@ -137,10 +186,34 @@ def main() -> None:
                       f"{r['replica_minutes']:.1f}", f"{r['replica_minutes_ratio_to_fixed_max']:.2f}")
     console.print(table)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "autoscaling.json").write_text(json.dumps(
-        {"args": vars(args), "scale_up_landed_s": high[0], "results": results, "runs": runs}, indent=1) + "\n")
-    plot(runs, RESULTS / "autoscaling.png", args.low_s, args.high_s)
-    console.print(f"wrote {RESULTS / 'autoscaling.json'} and {RESULTS / 'autoscaling.png'}")
+    stem = "autoscaling" if target is WORKERS else "autoscaling-engines"
+    args_out = {"target": target.name, "low_s": low_s, "high_s": high_s, "tail_s": tail_s}
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
+        {"args": args_out, "scale_up_landed_s": high[0], "results": results, "runs": runs}, indent=1) + "\n")
+    plot(runs, RESULTS / f"{stem}.png", target, low_s, high_s)
+    console.print(f"wrote {RESULTS / (stem + '.json')} and {RESULTS / (stem + '.png')}")
+
+
+def run_variants(target: Target, low_s: float, high_s: float, tail_s: float) -> dict[str, dict[str, Any]]:
+    """Each variant on a fresh install of the chart, on one cluster."""
+    runs: dict[str, dict[str, Any]] = {}
+    cluster = start_cluster()
+    try:
+        with images_in_node(cluster) as names:
+            variants = target.variants
+            if target is ENGINES:
+                image = llm.build_vllm_image(cluster)
+                variants = {"autoscaled": llm.engine_values(image, most=ENGINES.most, per_replica=ENGINES.per_replica),
+                            "fixed-min": llm.engine_values(image), "fixed-max": llm.engine_values(image)}
+            for name, extra in variants.items():
+                with tempfile.TemporaryDirectory(prefix="serving-bench-autoscaling-") as tmp, \
+                        installed(cluster, names, Path(tmp), extra) as release:
+                    request, metric = target.prepare(release, Path(tmp), name)
+                    console.print(f"[bold]{name}[/bold]: replaying {target.low} -> {target.high} -> {target.low} clients")
+                    runs[name] = replay(release, target, request, metric, low_s, high_s, tail_s)
+    finally:
+        stop_cluster(cluster)
+    return runs
 
 
 if __name__ == "__main__":

@@ -11,16 +11,14 @@ the release that enables it serves its own namespace and says so to others.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from registry.autoscaling.engine_signals import EngineSignals
-from registry.autoscaling.signals import Reading, Signal
+from registry.autoscaling.signals import Reading, Signal, sampling
 
 GROUP_VERSION = "external.metrics.k8s.io/v1beta1"
 BASE = f"/apis/{GROUP_VERSION}"
@@ -49,16 +47,9 @@ def create_metrics_app(signals: Sequence[Signal], namespace: str, samplers: Sequ
     by_name = {s.name: s for s in signals}
     per_engine = engines.metrics if engines is not None else frozenset()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(s.run()) for s in samplers]
-        yield
-        for task in tasks:
-            task.cancel()
-        if engines is not None:
-            engines.close()
-
-    app = FastAPI(title="serving external metrics", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    stop = engines.close if engines is not None else (lambda: None)
+    app = FastAPI(title="serving external metrics", lifespan=sampling(samplers, stop), docs_url=None, redoc_url=None,
+                  openapi_url=None)
 
     @app.get("/healthz")
     @app.get("/readyz")

@@ -11,30 +11,21 @@ the same objects the external metrics API reads (one sampling for both).
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hmac
 import time
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from registry.autoscaling.signals import Signal
+from registry.autoscaling.signals import Signal, sampling
 
 
 def create_signals_app(signals: Sequence[Signal], token: Callable[[], str | None], samplers: Sequence[Any] = ()) -> FastAPI:
     """``samplers``' ``run()`` go on while it serves (none when the metrics API's server runs them)."""
     by_name = {s.name: s for s in signals}
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(s.run()) for s in samplers]
-        yield
-        for task in tasks:
-            task.cancel()
-
-    app = FastAPI(title="serving signals", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="serving signals", lifespan=sampling(samplers), docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/healthz")
     def healthy() -> JSONResponse:

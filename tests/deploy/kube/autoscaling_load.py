@@ -1,5 +1,8 @@
-"""A step load on a release's workers and what the cluster does about it, for the autoscaling test
-(test_worker_autoscaling.py) and benchmark (benchmarks/autoscaling.py).
+"""A step load on a release and what the cluster does about it, for the autoscaling tests
+(test_worker_autoscaling.py, test_llm_engines.py) and benchmark (benchmarks/autoscaling.py).
+
+``Clients`` send a request function's requests (by default to the holding endpoint below); ``Watch`` samples
+the HPA, the ready pods and the metric as functions of the release say (by default the workers').
 
 The endpoint is the user's own code, a ClearML-style preprocess that holds each request ``SLEEP_S`` and
 echoes its number: the requests in flight are then the clients' count, whatever the machine's speed,
@@ -12,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -65,12 +69,23 @@ def deploy_hold(release: Release, tmp: Path) -> None:
                on_timeout=release.describe)
 
 
+Request = Callable[[httpx.Client, int], tuple[str, "str | None"]]  # (client, number) -> (outcome, answering pod)
+
+
+def hold_request(client: httpx.Client, number: int) -> tuple[str, str | None]:
+    """One call of the holding endpoint: ``ok`` when it echoes its own number."""
+    r = client.post("/serve/slow", json={"i": number, "sleep": SLEEP_S})
+    answer = r.json() if r.status_code == 200 else {}
+    return ("ok" if answer.get("echo") == number else f"wrong: {r.status_code} {r.text[:200]}"), answer.get("pod")
+
+
 @dataclass
 class Clients:
     """Closed-loop clients through the workers' Service: ``count`` of them send at any time."""
 
     release: Release
     count: int = 0
+    request: Request = hold_request
     results: list[tuple[float, float, str]] = field(default_factory=list)  # (sent at, latency, outcome); monotonic
     pods: list[tuple[float, str]] = field(default_factory=list)  # (sent at, the pod that answered)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -100,11 +115,9 @@ class Clients:
                     number = self._next
                 t0 = time.monotonic()
                 try:
-                    r = client.post("/serve/slow", json={"i": number, "sleep": SLEEP_S})
-                    answer = r.json() if r.status_code == 200 else {}
-                    outcome = "ok" if answer.get("echo") == number else f"wrong: {r.status_code} {r.text[:200]}"
-                    if "pod" in answer:
-                        self.pods.append((t0, answer["pod"]))
+                    outcome, pod = self.request(client, number)
+                    if pod:
+                        self.pods.append((t0, pod))
                 except httpx.HTTPError as exc:
                     outcome = f"lost: {type(exc).__name__}: {exc}"
                 self.results.append((t0, time.monotonic() - t0, outcome))
@@ -115,15 +128,17 @@ class Sample:
     t: float               # monotonic
     clients: int
     desired: int           # the HPA's desired replicas (0 without an HPA)
-    ready: int             # ready worker pods
+    ready: int             # ready pods (the workers', or what Watch's ``ready`` counts)
     metric: float | None   # the external metric as the HPA reads it
 
 
 class Watch:
-    """Samples the HPA, the ready workers and the metric every second, in a thread."""
+    """Samples the HPA, the ready pods and the metric every second, in a thread (``metric`` None: not read)."""
 
-    def __init__(self, release: Release, clients: Clients, metric: bool = True) -> None:
-        self.release, self.clients, self.metric = release, clients, metric
+    def __init__(self, release: Release, clients: Clients,
+                 metric: Callable[[Release], float | None] | None = lambda r: external_metric(r),
+                 ready: Callable[[Release], int] = lambda r: ready_workers(r)) -> None:
+        self.release, self.clients, self.metric, self.ready = release, clients, metric, ready
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -140,14 +155,16 @@ class Watch:
         while not self._stop.is_set():
             found = self.release.cluster.get("hpa", "-n", NS)["items"]
             desired = found[0].get("status", {}).get("desiredReplicas", 0) if found else 0
-            self.samples.append(Sample(time.monotonic(), self.clients.count, desired, ready_workers(self.release),
-                                       external_metric(self.release) if self.metric else None))
+            self.samples.append(Sample(time.monotonic(), self.clients.count, desired, self.ready(self.release),
+                                       self.metric(self.release) if self.metric else None))
             self._stop.wait(1.0)
 
 
-def external_metric(release: Release) -> float | None:
-    """The metric as the HPA reads it: through the API server's aggregation layer."""
-    out = release.cluster.kubectl("get", "--raw", f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/{METRIC}",
+def external_metric(release: Release, metric: str = METRIC, selector: str = "") -> float | None:
+    """The metric as the HPA reads it: through the API server's aggregation layer (``selector``: its label
+    selector, e.g. an LLM engine's ``serving.io/engine=<name>``)."""
+    query = f"?labelSelector={selector.replace('=', '%3D')}" if selector else ""
+    out = release.cluster.kubectl("get", "--raw", f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NS}/{metric}{query}",
                                   check=False)
     if out.returncode != 0:
         return None
@@ -156,7 +173,11 @@ def external_metric(release: Release) -> float | None:
 
 
 def ready_workers(release: Release) -> int:
-    return sum(1 for p in release.pods("worker") if p["metadata"].get("deletionTimestamp") is None
+    return ready_pods(release.pods("worker"))
+
+
+def ready_pods(pods: list[dict]) -> int:
+    return sum(1 for p in pods if p["metadata"].get("deletionTimestamp") is None
                and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
 
 

@@ -27,6 +27,7 @@ from tests.support.procs import free_port, wait_until
 pytestmark = pytest.mark.timeout(600)
 
 NS = "teardown-check"
+CONTAINER_CGROUP = Path("/sys/fs/cgroup/pids/k8s.io/killed-cluster-test")  # as containerd's CRI names them
 
 
 def manifests(host_port: int) -> str:
@@ -86,16 +87,20 @@ def a_records(record: DNSRecord) -> list[str]:
 
 def leave_a_killed_clusters_remains() -> dict[str, object]:
     """What a cluster whose test run was killed leaves (no teardown ran): its directory with a process
-    naming it, its bridge holding the route to the pod range, a kube-proxy chain, a pod's netns."""
+    naming it, a container's process (reparented to init, in its container's cgroup), its bridge holding the
+    route to the pod range, a kube-proxy chain, a pod's netns."""
     root = Path(tempfile.mkdtemp(prefix=host_state.CLUSTER_DIR_PREFIX))
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(root)])
+    container = subprocess.Popen(["sleep", "600"])
+    CONTAINER_CGROUP.mkdir(parents=True, exist_ok=True)
+    (CONTAINER_CGROUP / "cgroup.procs").write_text(str(container.pid))
     bridge = f"skube{(os.getpid() + 1) % 100000}"  # never the next cluster's own name (its pid's)
     for cmd in (["ip", "link", "add", bridge, "type", "bridge"], ["ip", "addr", "add", "10.213.0.1/24", "dev", bridge],
                 ["ip", "link", "set", bridge, "up"], ["iptables", "-w", "-N", "KUBE-KILLED-CLUSTER"],
                 ["iptables", "-w", "-A", "FORWARD", "-d", POD_CIDR, "-j", "KUBE-KILLED-CLUSTER"],
                 ["ip", "netns", "add", "cni-killed-cluster"]):
         subprocess.run(cmd, check=True, capture_output=True)
-    return {"root": root, "proc": proc, "bridge": bridge}
+    return {"root": root, "proc": proc, "container": container, "bridge": bridge}
 
 
 def route_device(ip: str) -> str:
@@ -110,7 +115,7 @@ def test_pods_run_services_resolve_and_stopping_leaves_nothing():
     try:
         # the start removed the killed cluster's remains: its bridge took the pod range's route (a CI run's
         # pods were all unreachable from the host after a killed run), its process, chain and netns
-        assert dead["proc"].wait(10) is not None
+        assert dead["proc"].wait(10) is not None and dead["container"].wait(10) is not None
         assert not host_state.link_exists(dead["bridge"]) and not dead["root"].exists()
         assert "KUBE-KILLED-CLUSTER" not in host_state._iptables_save()
         assert "cni-killed-cluster" not in host_state._netns()
@@ -146,6 +151,9 @@ def test_pods_run_services_resolve_and_stopping_leaves_nothing():
         if not stopped:
             cluster.stop()
         dead["proc"].kill()
+        dead["container"].kill()
+        dead["container"].wait(10)
+        CONTAINER_CGROUP.rmdir()
         if host_state.link_exists(dead["bridge"]):
             subprocess.run(["ip", "link", "delete", dead["bridge"]], capture_output=True)
         shutil.rmtree(dead["root"], ignore_errors=True)

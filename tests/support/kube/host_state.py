@@ -143,6 +143,7 @@ def _processes(root: Path) -> list[psutil.Process]:
 def leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, service_cidr: str) -> list[str]:
     """Everything of the cluster still on the host (an empty list after a clean stop)."""
     found = [f"process: {p.pid} {' '.join(p.cmdline())[:160]}" for p in _processes(root)]
+    found += [f"container process: {p.pid} {' '.join(p.cmdline())[:160]}" for p in container_processes()]
     found += [f"mount: {m}" for r in (root, IMAGE_STORE) for m in mounts_under(r)]
     found += [f"network namespace: {n}" for n in sorted(new_netns(base))]
     if link_exists(bridge):
@@ -207,16 +208,8 @@ def undo_expected(base: Snapshot, bridge: str) -> list[str]:
 
 def remove_leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, service_cidr: str) -> list[str]:
     """Remove what ``leftovers`` would name; return what had to be removed."""
-    removed = []
-    for proc in _processes(root):
-        removed.append(f"process {proc.pid} {' '.join(proc.cmdline())[:120]}")
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    for point in sorted((m for r in (root, IMAGE_STORE) for m in mounts_under(r)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-        removed.append(f"mount {point}")
+    removed = _kill(_processes(root), "process")
+    removed += _unmount([root, IMAGE_STORE])
     for name in new_netns(base):
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         removed.append(f"netns {name}")
@@ -243,16 +236,12 @@ def clear_dead_clusters(own_root: Path, pod_cidr: str, service_cidr: str) -> lis
     pods are unreachable from the host: every kubelet probe times out (a CI run lost 16 tests to it)."""
     removed = []
     dead_roots = [r for r in own_root.parent.glob(f"{CLUSTER_DIR_PREFIX}*") if r != own_root and r.is_dir()]
+    # their containers' processes outlive a killed shim (reparented to init) and name no cluster directory:
+    # found by their cgroup, containerd's namespace k8s.io (only a test cluster's CRI uses it here)
+    removed += _kill(container_processes(), "container process")
     for root in dead_roots:
-        for proc in _processes(root):
-            removed.append(f"process {proc.pid} {' '.join(proc.cmdline())[:120]}")
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-    for point in sorted((m for r in (*dead_roots, IMAGE_STORE) for m in mounts_under(r)), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-        removed.append(f"mount {point}")
+        removed += _kill(_processes(root), "process")
+    removed += _unmount([*dead_roots, IMAGE_STORE])
     for name in sorted(n for n in _netns() if n.startswith("cni-")):  # only containerd's CRI names them so
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         removed.append(f"netns {name}")
@@ -265,6 +254,37 @@ def clear_dead_clusters(own_root: Path, pod_cidr: str, service_cidr: str) -> lis
             shutil.rmtree(root, ignore_errors=True)
             removed.append(f"directory {root}")
     return removed
+
+
+def _kill(procs: list[psutil.Process], what: str) -> list[str]:
+    killed = []
+    for proc in procs:
+        try:
+            killed.append(f"{what} {proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.Error:
+            pass
+    return killed
+
+
+def _unmount(roots: list[Path]) -> list[str]:
+    """Every mount under ``roots``, deepest first, lazily (a dead process may still hold one)."""
+    points = sorted((m for r in roots for m in mounts_under(r)), key=len, reverse=True)
+    for point in points:
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    return [f"mount {point}" for point in points]
+
+
+def container_processes() -> list[psutil.Process]:
+    """Processes in a cgroup of containerd's namespace k8s.io (``.../k8s.io/<container id>``)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if any(":/k8s.io/" in line for line in Path(f"/proc/{proc.pid}/cgroup").read_text().splitlines()):
+                found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
 
 
 def _remove_iptables(base: Snapshot, bridge: str, cidrs: tuple[str, ...]) -> list[str]:

@@ -1,0 +1,158 @@
+"""On the real cluster, an LLM version deployed with the CLI gets its own engine: a Deployment and a Service the
+control plane makes through the Kubernetes API, deleted when the version goes (serving/llm/kube/).
+
+One install with ``llmEngines.enabled`` and vLLM's CPU build as the engine image (deploy/vllm-cpu, built here
+with podman as the other images are, and copied into the node): the launcher runs in the control plane's pod
+with the chart's Role. A tiny random-weight Llama is uploaded and deployed with `serving model add --engine
+vllm`; the engine's pod fetches the folder from the registry's artifacts in its init container; the workers'
+Service answers the OpenAI API with transformers' greedy generate's own tokens. The engine's own HPA (made by the
+launcher, ``llmEngines.autoscaling``) scales it on its waiting requests, read by the control plane's external
+metrics API from that engine's pods: a step load of 1, then 6, then 1 clients (the engine takes one sequence at
+a time, so the others wait) takes it from 1 to 2 pods and back, every answer equal to greedy generate's, none
+lost. `serving endpoint remove` deletes the Deployment, its Service and its HPA. Times are printed.
+"""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from serving.llm.kube.manifests import KEY_ANNOTATION
+from serving.testmodels_llm import build_tiny_llama, chat_prompt_ids, greedy_reference, same_text
+from tests.deploy.kube.autoscaling_load import Clients, Watch, percentile_ms
+from tests.deploy.kube.llm_engines_load import (
+    ENGINE_LABEL, MAX_TOKENS, build_vllm_image, chat, deploy_chat, engine_pods, engine_values, engines,
+    ready_engine_pods, waiting,
+)
+from tests.deploy.kube.helm_release import NS, RELEASE, installed
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(2400)  # a first build of the vLLM image: about 10 min here
+
+MOST, PER_REPLICA = 2, 2
+UP_WITHIN_S, DOWN_WITHIN_S = 300, 150
+
+
+@pytest.fixture(scope="module")
+def release(kube_cluster, platform_images_in_node, tmp_path_factory):
+    image = build_vllm_image(kube_cluster)
+    values = engine_values(image, most=MOST, per_replica=PER_REPLICA)
+    with installed(kube_cluster, platform_images_in_node, tmp_path_factory.mktemp("llm-engines"), values) as rel:
+        yield rel
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "model")
+
+
+@pytest.fixture(scope="module")
+def deployed(release, llm):
+    assert engines(release) == []  # the chart itself runs no engine
+    return deploy_chat(release, llm.path)
+
+
+def engine_services(release) -> list[dict]:
+    return release.cluster.get("services", "-n", NS, "-l", ENGINE_LABEL)["items"]
+
+
+def launcher_entry(release) -> dict:
+    """The launcher's map (GET /engines on the control plane's Service): where the workers find the engine."""
+    with httpx.Client(base_url=release.service_url("control-plane", 8004), timeout=10) as client:
+        return client.get("/engines").json()["engines"]["tiny-llm:1"]
+
+
+def test_a_version_deployed_with_the_cli_gets_an_engine_of_its_own_that_answers_as_greedy_generate(
+        release, llm, deployed):
+    from transformers import AutoTokenizer
+
+    (deployment,) = engines(release)
+    assert deployment["metadata"]["annotations"][KEY_ANNOTATION] == "tiny-llm:1"
+    (owner,) = deployment["metadata"]["ownerReferences"]  # helm uninstall's garbage collection takes it
+    assert owner["kind"] == "Deployment" and owner["name"] == f"{RELEASE}-serving-control-plane"
+    (service,) = engine_services(release)
+    assert service["spec"]["clusterIP"] == "None"
+    (pod,) = engine_pods(release)
+    init = pod["status"]["initContainerStatuses"][0]
+    assert init["name"] == "model" and init["state"]["terminated"]["exitCode"] == 0  # the folder came from the registry
+    entry = launcher_entry(release)
+    assert entry["state"] == "ready" and entry["url"] == f"http://{pod['status']['podIP']}:8000/v1", entry
+
+    tokenizer = AutoTokenizer.from_pretrained(str(llm.path))
+    conversation = list(deployed.messages)
+    for follow_up in (None, "and rollbacks"):
+        if follow_up:
+            conversation.append({"role": "user", "content": follow_up})
+        reply = chat(release, deployed.key, conversation)
+        assert reply.status_code == 200, reply.text
+        text = reply.json()["choices"][0]["message"]["content"]
+        want = tokenizer.decode(greedy_reference(llm.path, chat_prompt_ids(tokenizer, conversation), MAX_TOKENS))
+        assert same_text(text, want), (text, want)
+        assert reply.headers["X-Model-Version"] == "1"
+        conversation.append({"role": "assistant", "content": text})
+    print(f"\nengine on the cluster: Deployment made {deployed.created_s:.1f} s after `model add`, first answer after "
+          f"{deployed.ready_s:.1f} s (init container fetching the folder, vLLM's start); 2 answers equal to "
+          "greedy generate")
+
+
+def test_the_engines_own_hpa_scales_it_on_its_waiting_requests_and_back(release, deployed):
+    (dep,) = engines(release)
+    name = dep["metadata"]["name"]
+    hpas = release.cluster.get("hpa", "-n", NS, "-l", ENGINE_LABEL)["items"]
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas] == [name]
+    wait_until(lambda: waiting(release, name) is not None, 120, "the engine's waiting requests served by the metrics API",
+               interval=2, on_timeout=release.describe)
+    clients = Clients(release, request=deployed.request()).start(6)
+    marks: dict[str, float] = {}
+    try:
+        with Watch(release, clients, metric=lambda r: waiting(r, name), ready=ready_engine_pods) as watch:
+            clients.count = 1
+            marks["1 client"] = time.monotonic()
+            time.sleep(20)
+            assert ready_engine_pods(release) == 1, "one client, nothing waiting: one engine pod"
+            clients.count = 6
+            marks["6 clients"] = time.monotonic()
+            wait_until(lambda: ready_engine_pods(release) == MOST, UP_WITHIN_S, f"{MOST} ready engine pods under 6 clients",
+                       interval=1, on_timeout=release.describe)
+            up_s = time.monotonic() - marks["6 clients"]
+            # the launcher's map follows the pods within its 2 s reconcile: the workers route over both
+            wait_until(lambda: [r["state"] for r in launcher_entry(release)["replicas"]] == ["ready"] * MOST, 10,
+                       f"GET /engines listing {MOST} ready replicas")
+            marks["scaled"] = time.monotonic()
+            time.sleep(20)
+            clients.count = 1
+            marks["1 client again"] = time.monotonic()
+            wait_until(lambda: ready_engine_pods(release) == 1 and len(engine_pods(release)) == 1, DOWN_WITHIN_S,
+                       "back to one engine pod under 1 client", interval=1, on_timeout=release.describe)
+            down_s = time.monotonic() - marks["1 client again"]
+            time.sleep(5)
+    finally:
+        clients.stop()
+    bad = [o for *_, o in clients.results if o != "ok"]
+    phases = list(marks.items()) + [("end", time.monotonic())]
+    print(f"\nengine HPA step load (1 -> 6 -> 1 clients, one sequence at a time, {PER_REPLICA} waiting a replica): "
+          f"{len(clients.results)} requests, {len(bad)} lost or wrong; {MOST} pods ready {up_s:.0f} s after the rise, "
+          f"back to 1 {down_s:.0f} s after the fall")
+    for (label, start), (_, end) in zip(phases, phases[1:]):
+        lat = [d for t, d, o in clients.results if start <= t < end and o == "ok"]
+        print(f"  {label:16s} {len(lat):4d} answers, p50 {percentile_ms(lat, 50):7.0f} ms, "
+              f"p99 {percentile_ms(lat, 99):7.0f} ms")
+    for s in watch.samples[::10]:
+        print(f"  t={s.t - marks['1 client']:6.1f} s  clients {s.clients}  desired {s.desired}  ready {s.ready}  "
+              f"waiting {s.metric}")
+    assert not bad, bad[:5]
+
+
+def test_removing_the_version_deletes_its_engine(release, deployed):
+    assert len(engines(release)) == 1
+    start = time.monotonic()
+    release.cli("endpoint", "remove", "--endpoint", "chat")
+    wait_until(lambda: not engines(release) and not engine_services(release)
+               and not release.cluster.get("hpa", "-n", NS, "-l", ENGINE_LABEL)["items"], 60,
+               "the engine's Deployment, Service and HPA deleted", interval=0.5, on_timeout=release.describe)
+    deleted_s = time.monotonic() - start
+    wait_until(lambda: not engine_pods(release), 120, "the engine's pod gone", interval=1)
+    release.cli("model", "remove", "--name", "tiny-llm", "--version", "1")
+    print(f"\nengine deleted {deleted_s:.1f} s after `endpoint remove`, its pod gone "
+          f"{time.monotonic() - start:.1f} s after")
