@@ -146,7 +146,7 @@ class KubeEngines:
         for pod in pods:
             by_engine.setdefault(pod["metadata"].get("labels", {}).get("serving.io/engine", ""), []).append(pod)
         return {key: engine_view(key, by_engine.get(manifests.engine_name(t.release, key), []), t.port,
-                                 sorted(spec.adapters))
+                                 sorted(spec.adapters), _hash(manifests.deployment(spec, t, self.kv_cache_gb)))
                 for key, spec in wanted.items()}
 
     # --- what others read ---------------------------------------------------------------
@@ -179,10 +179,13 @@ def _failed(key: str, error: str) -> dict[str, Any]:
     return {"url": None, "served_model_name": key, "state": "failed", "error": error, "replicas": []}
 
 
-def engine_view(key: str, pods: list[dict[str, Any]], port: int, adapters: list[str]) -> dict[str, Any]:
+def engine_view(key: str, pods: list[dict[str, Any]], port: int, adapters: list[str],
+                current: str | None = None) -> dict[str, Any]:
     """``GET /engines``'s entry for an engine from its pods (terminating ones left out), shaped as the
-    one-machine launcher's (launch/launcher.py ``EngineSet.view``)."""
-    replicas = [pod_view(p, port, adapters) for p in sorted(pods, key=lambda p: p["metadata"]["name"])
+    one-machine launcher's (launch/launcher.py ``EngineSet.view``). ``current``: the pod template's hash now;
+    during a rolling update only pods of that template hold ``adapters`` (older ones serve the base)."""
+    replicas = [pod_view(p, port, adapters if current is None or _hash(p) == current else [])
+                for p in sorted(pods, key=lambda p: p["metadata"]["name"])
                 if not p["metadata"].get("deletionTimestamp")]
     states = {r["state"] for r in replicas}
     state = "ready" if "ready" in states else "starting" if "starting" in states or not replicas else "failed"

@@ -9,10 +9,12 @@ Service answers the OpenAI API with transformers' greedy generate's own tokens. 
 launcher, ``llmEngines.autoscaling``) scales it on its waiting requests, read by the control plane's external
 metrics API from that engine's pods: a step load of 1, then 6, then 1 clients (the engine takes one sequence at
 a time, so the others wait) takes it from 1 to 2 pods and back, every answer equal to greedy generate's, none
-lost. `serving endpoint remove` deletes the Deployment, its Service and its HPA. Times are printed.
+lost. A LoRA adapter of the version joins its engine by a rolling update, the base answering meanwhile.
+`serving endpoint remove` deletes the Deployment, its Service and its HPA. Times are printed.
 """
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -144,8 +146,58 @@ def test_the_engines_own_hpa_scales_it_on_its_waiting_requests_and_back(release,
     assert not bad, bad[:5]
 
 
+def completion(release, key: str, model: str, ids: list[int]) -> httpx.Response:
+    with httpx.Client(base_url=release.service_url("worker", 9090), timeout=120,
+                      headers={"Authorization": f"Bearer {key}"}) as client:
+        return client.post("/serve/openai/v1/completions", json={
+            "model": model, "prompt": ids, "max_tokens": MAX_TOKENS, "temperature": 0, "return_token_ids": True})
+
+
+def test_an_adapter_joins_its_bases_engine_by_a_rolling_update_and_answers_as_merged_weights(
+        release, llm, deployed, tmp_path_factory):
+    """A LoRA adapter deployed with the CLI runs in its base's engine: the launcher replaces the engine's pods by
+    ones started with it (--lora-modules, its folder fetched by the init container). The base keeps answering
+    while the new pod starts; then the adapter answers with the merged weights' greedy tokens, the base with its
+    own."""
+    from transformers import AutoTokenizer
+
+    from serving.testmodels_llm import build_lora_adapter, merged_greedy_reference
+
+    adapter = build_lora_adapter(tmp_path_factory.mktemp("adapter") / "adapter", llm.path, seed=1)
+    release.cli("model", "upload", "--name", "support-bot", "--path", str(adapter), "--base", "tiny-llm:1")
+    (before,) = engines(release)
+    start = time.monotonic()
+    release.cli("model", "add", "--engine", "vllm", "--endpoint", "support", "--model", "support-bot:1")
+    (key,) = re.findall(r"\bsk_[0-9a-f]{64}\b", release.cli("key", "create", "--name", "support", "--endpoints",
+                                                             "chat,support").stdout)
+    ids = AutoTokenizer.from_pretrained(str(llm.path))("the quick brown fox")["input_ids"]
+    base = greedy_reference(llm.path, ids, MAX_TOKENS)
+    want = merged_greedy_reference(llm.path, adapter, ids, MAX_TOKENS)
+    assert want != base, "the adapter changes the answer (else this test could not tell them apart)"
+    outcomes: list[bool] = []
+    while time.monotonic() - start < 600:
+        reply = completion(release, key, "support", ids)
+        if reply.status_code == 200:
+            break
+        r = completion(release, key, "chat", ids)  # meanwhile the base still answers, as itself
+        outcomes.append(r.status_code == 200 and r.json()["choices"][0]["token_ids"] == base)
+        time.sleep(1)
+    ready_s = time.monotonic() - start
+    assert reply.status_code == 200, release.describe()
+    assert reply.json()["choices"][0]["token_ids"] == want and reply.headers["X-Model-Version"] == "1"
+    assert completion(release, key, "chat", ids).json()["choices"][0]["token_ids"] == base
+    assert outcomes and all(outcomes), outcomes
+    (after,) = engines(release)
+    assert after["metadata"]["name"] == before["metadata"]["name"]  # the same engine, its pods replaced
+    command = after["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--lora-modules") + 1].startswith("support-bot:1=")
+    print(f"\nadapter in its base's engine: answering {ready_s:.0f} s after `model add` (a new pod started with it); "
+          f"meanwhile the base answered {len(outcomes)} of {len(outcomes)} requests as itself")
+
+
 def test_removing_the_version_deletes_its_engine(release, deployed):
     assert len(engines(release)) == 1
+    release.cli("endpoint", "remove", "--endpoint", "support")  # the adapter's: the base's engine stays
     start = time.monotonic()
     release.cli("endpoint", "remove", "--endpoint", "chat")
     wait_until(lambda: not engines(release) and not engine_services(release)
@@ -153,6 +205,7 @@ def test_removing_the_version_deletes_its_engine(release, deployed):
                "the engine's Deployment, Service and HPA deleted", interval=0.5, on_timeout=release.describe)
     deleted_s = time.monotonic() - start
     wait_until(lambda: not engine_pods(release), 120, "the engine's pod gone", interval=1)
+    release.cli("model", "remove", "--name", "support-bot", "--version", "1")
     release.cli("model", "remove", "--name", "tiny-llm", "--version", "1")
     print(f"\nengine deleted {deleted_s:.1f} s after `endpoint remove`, its pod gone "
           f"{time.monotonic() - start:.1f} s after")

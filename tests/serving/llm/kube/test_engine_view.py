@@ -43,3 +43,13 @@ def test_one_ready_pod_among_crashing_ones_serves():
     view = engine_view("m:1", [pod("a", **CRASHING), pod("b", ready=True)], 8000, [])
     assert view["state"] == "ready" and view["error"] is None
     assert [r["state"] for r in view["replicas"]] == ["failed", "ready"]
+
+
+def test_during_a_rolling_update_only_the_new_template_holds_the_adapters():
+    """An adapter joins its base's engine by a new pod template (--lora-modules): until the old pods are gone
+    they serve the base only, so the workers must not send them the adapter's requests."""
+    old, new = pod("a", ready=True), pod("b", ready=True)
+    old["metadata"]["annotations"] = {"serving.io/pod-template-hash": "h1"}
+    new["metadata"]["annotations"] = {"serving.io/pod-template-hash": "h2"}
+    view = engine_view("m:1", [old, new], 8000, ["lora:1"], current="h2")
+    assert [(r["id"], r["adapters"]) for r in view["replicas"]] == [("a", []), ("b", ["lora:1"])]
