@@ -12,8 +12,9 @@ the same ``apply`` (a snapshot), ``tick``, ``view`` (``GET /engines``) and ``rea
   ``/health`` as readiness probe), ``failed`` with the reason kubelet gives (an image that cannot be
   pulled, a crash loop, the model folder not fetched), else ``starting``. Workers route over the ready
   ones by the endpoint's policy, as over local replicas.
-- A failing Kubernetes API leaves the engines as they are and marks the wanted ones failed with the
-  API's error, so ``serving model add --wait`` says why; the next tick tries again.
+- A failing Kubernetes API leaves the engines as they are: the workers keep the last map read (the pods
+  serve without the API), and an engine not read yet is failed with the API's error, so ``serving model add
+  --wait`` says why; the next tick tries again.
 """
 from __future__ import annotations
 
@@ -73,13 +74,14 @@ class KubeEngines:
             self._reconcile(wanted)
             views = self._read(wanted)
             error = None
-        except KubeError as exc:
+        except KubeError as exc:  # the pods go on serving: keep the last map read, and say why it is old
             log.warning("engines on Kubernetes: %s", exc)
-            views, error = {}, f"the Kubernetes API: {exc}"
-        changed = {k: v["state"] for k, v in views.items()} != {k: v["state"] for k, v in self._views.items()}
+            views, error = self._views, f"the Kubernetes API: {exc}"
+        changed = {k: v["state"] for k, v in views.items()} != {k: v["state"] for k, v in self._views.items()} \
+            or error != self._api_error
         with self.lock:
             self._views, self._api_error = views, error
-        if changed or error:
+        if changed:
             self.on_change()
 
     def _reconcile(self, wanted: dict[str, EngineSpec]) -> None:
@@ -151,10 +153,13 @@ class KubeEngines:
 
     # --- what others read ---------------------------------------------------------------
     def view(self) -> dict[str, Any]:
+        """The last map read. While the API fails, engines already read keep their entries (their pods do not
+        depend on the API to serve); an engine never read yet is ``failed`` with the API's error."""
         with self.lock:
+            views = {k: v for k, v in self._views.items() if k in self.wanted}
             if self._api_error:
-                return {"engines": {k: _failed(k, self._api_error) for k in self.wanted}}
-            return {"engines": {k: v for k, v in self._views.items() if k in self.wanted}}
+                views |= {k: _failed(k, self._api_error) for k in self.wanted if k not in views}
+            return {"engines": views}
 
     def readiness(self) -> dict[str, Any]:
         views = self.view()["engines"]
