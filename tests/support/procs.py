@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
+import psutil
 
 from serving.ports import free_port
 from serving.supervisor import stop_process
@@ -80,3 +81,15 @@ def serving_process(args: list[str], env: dict[str, str], log: Path) -> Iterator
 
 def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
     stop_process(proc, timeout)
+
+
+def kill_all(procs: list[psutil.Process], what: str = "pid") -> list[str]:
+    """SIGKILL each of ``procs`` (one already gone is skipped); what was killed, for a report."""
+    killed = []
+    for proc in procs:
+        try:
+            killed.append(f"{what} {proc.pid}: {' '.join(proc.cmdline())[:160]}")
+            proc.kill()
+        except psutil.Error:
+            pass
+    return killed

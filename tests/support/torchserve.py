@@ -42,6 +42,7 @@ import psutil
 
 from serving.ports import free_port
 from tests.support.ci import cannot_run
+from tests.support.procs import kill_all
 
 REPO = Path(__file__).resolve().parents[2]
 MARKER = "SERVING_TORCHSERVE_REFERENCE"  # in every process of one instance: found even once re-parented
@@ -273,13 +274,7 @@ def stop(server: TorchServe, grace_s: float = STOP_GRACE_S) -> list[str]:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     alive += [p for p in server.processes() if p not in alive]  # a worker started while stopping
-    killed = []
-    for proc in alive:
-        try:
-            killed.append(f"pid {proc.pid}: {' '.join(proc.cmdline())[:160]}")
-            proc.kill()
-        except psutil.Error:
-            pass
+    killed = kill_all(alive)
     _, survivors = psutil.wait_procs(alive, timeout=5.0)
     if server.process.poll() is None:
         server.process.wait(5.0)

@@ -35,6 +35,7 @@ CLUSTER_DIR_PREFIX = "serving-kube-"  # each cluster's temporary directory (clus
 BRIDGE_NAME = re.compile(r"skube\d+")  # each cluster's CNI bridge (cluster.new_cluster)
 # containerd's root (images, snapshots), kept across sessions in the kube cache (tools.py): no mount may stay
 from tests.support.kube.tools import IMAGE_STORE  # noqa: E402
+from tests.support.procs import kill_all  # noqa: E402
 HOST_DIRS = (NETNS, Path("/var/log/pods"), Path("/var/log/containers"), Path("/run/containerd"), Path("/var/lib/cni"),
              Path("/var/lib/kubelet"), Path("/etc/cni"), Path("/opt/containerd"))
 # set by kubelet (setupKernelTunables) and kube-proxy (route_localnet for NodePorts on loopback)
@@ -208,7 +209,7 @@ def undo_expected(base: Snapshot, bridge: str) -> list[str]:
 
 def remove_leftovers(base: Snapshot, root: Path, bridge: str, pod_cidr: str, service_cidr: str) -> list[str]:
     """Remove what ``leftovers`` would name; return what had to be removed."""
-    removed = _kill(_processes(root), "process")
+    removed = kill_all(_processes(root), "process")
     removed += _unmount([root, IMAGE_STORE])
     for name in new_netns(base):
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
@@ -238,9 +239,9 @@ def clear_dead_clusters(own_root: Path, pod_cidr: str, service_cidr: str) -> lis
     dead_roots = [r for r in own_root.parent.glob(f"{CLUSTER_DIR_PREFIX}*") if r != own_root and r.is_dir()]
     # their containers' processes outlive a killed shim (reparented to init) and name no cluster directory:
     # found by their cgroup, containerd's namespace k8s.io (only a test cluster's CRI uses it here)
-    removed += _kill(container_processes(), "container process")
+    removed += kill_all(container_processes(), "container process")
     for root in dead_roots:
-        removed += _kill(_processes(root), "process")
+        removed += kill_all(_processes(root), "process")
     removed += _unmount([*dead_roots, IMAGE_STORE])
     for name in sorted(n for n in _netns() if n.startswith("cni-")):  # only containerd's CRI names them so
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
@@ -254,17 +255,6 @@ def clear_dead_clusters(own_root: Path, pod_cidr: str, service_cidr: str) -> lis
             shutil.rmtree(root, ignore_errors=True)
             removed.append(f"directory {root}")
     return removed
-
-
-def _kill(procs: list[psutil.Process], what: str) -> list[str]:
-    killed = []
-    for proc in procs:
-        try:
-            killed.append(f"{what} {proc.pid} {' '.join(proc.cmdline())[:120]}")
-            proc.kill()
-        except psutil.Error:
-            pass
-    return killed
 
 
 def _unmount(roots: list[Path]) -> list[str]:
