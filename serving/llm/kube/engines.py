@@ -71,8 +71,7 @@ class KubeEngines:
         with self.lock:
             wanted = dict(self.wanted)
         try:
-            self._reconcile(wanted)
-            views = self._read(wanted)
+            views = self._read(wanted, self._reconcile(wanted))
             error = None
         except KubeError as exc:  # the pods go on serving: keep the last map read, and say why it is old
             log.warning("engines on Kubernetes: %s", exc)
@@ -84,7 +83,8 @@ class KubeEngines:
         if changed:
             self.on_change()
 
-    def _reconcile(self, wanted: dict[str, EngineSpec]) -> None:
+    def _reconcile(self, wanted: dict[str, EngineSpec]) -> dict[str, str | None]:
+        """Make the cluster hold what ``wanted`` asks for; each engine's pod template hash (by engine name)."""
         ns, t = self.api.namespace, self.template
         if t.owner and self._owner is None:
             self._owner = self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{t.owner}")
@@ -93,8 +93,7 @@ class KubeEngines:
                 self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments", params)["items"]}
         services = {s["metadata"]["name"] for s in self.api.get(f"/api/v1/namespaces/{ns}/services", params)["items"]}
         desired = {manifests.engine_name(t.release, k): spec for k, spec in wanted.items()}
-        for name, spec in desired.items():
-            self._ensure(name, spec, have.get(name), name in services)
+        templates = {name: self._ensure(name, spec, have.get(name), name in services) for name, spec in desired.items()}
         for name in sorted(set(have) - set(desired)):
             log.info("engine %s (%s) no longer deployed: deleting it", name,
                      have[name]["metadata"].get("annotations", {}).get(manifests.KEY_ANNOTATION))
@@ -103,8 +102,10 @@ class KubeEngines:
         for name in sorted(services - set(desired)):
             self.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/{name}", missing_ok=True)
         self._reconcile_hpas(desired, params)
+        return templates
 
-    def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> None:
+    def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> str | None:
+        """The engine's Deployment and Service as they should be; its pod template's hash."""
         ns = self.api.namespace
         body = manifests.owned(manifests.deployment(spec, self.template, self.kv_cache_gb), self._owner)
         autoscaled = self.template.autoscaling is not None
@@ -122,6 +123,7 @@ class KubeEngines:
         if not has_service:
             self.api.request("POST", f"/api/v1/namespaces/{ns}/services",
                              manifests.owned(manifests.service(spec, self.template), self._owner))
+        return _hash(body)
 
     def _reconcile_hpas(self, desired: dict[str, EngineSpec], params: dict[str, str]) -> None:
         """Each engine's HPA while llmEngines.autoscaling is on; none otherwise (one left from before is deleted)."""
@@ -140,15 +142,16 @@ class KubeEngines:
         for name in sorted(set(have) - set(wanted)):
             self.api.request("DELETE", f"{path}/{name}", missing_ok=True)
 
-    def _read(self, wanted: dict[str, EngineSpec]) -> dict[str, dict[str, Any]]:
+    def _read(self, wanted: dict[str, EngineSpec], templates: dict[str, str | None]) -> dict[str, dict[str, Any]]:
+        """Each engine's view from its pods; ``templates``: each one's current pod template hash (by name)."""
         ns, t = self.api.namespace, self.template
         params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
         pods = self.api.get(f"/api/v1/namespaces/{ns}/pods", params)["items"]
         by_engine: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             by_engine.setdefault(pod["metadata"].get("labels", {}).get("serving.io/engine", ""), []).append(pod)
-        return {key: engine_view(key, by_engine.get(manifests.engine_name(t.release, key), []), t.port,
-                                 sorted(spec.adapters), _hash(manifests.deployment(spec, t, self.kv_cache_gb)))
+        names = {key: manifests.engine_name(t.release, key) for key in wanted}
+        return {key: engine_view(key, by_engine.get(names[key], []), t.port, sorted(spec.adapters), templates[names[key]])
                 for key, spec in wanted.items()}
 
     # --- what others read ---------------------------------------------------------------
