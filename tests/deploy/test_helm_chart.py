@@ -408,6 +408,9 @@ def test_triton_replicas_give_pods_that_load_their_own_models_behind_a_headless_
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
     # no shared repository volume, no pinning to the control plane's node
     assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v] and "affinity" not in pod
+    # a terminating pod serves until the workers have looked the pods up again (their period: 5 s)
+    assert containers["triton"]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pod["terminationGracePeriodSeconds"] == 45
 
     # the pod is Ready only once its loader says every deployed model is loaded
     loader = containers["triton" if mode == "embedded" else "model-loader"]
@@ -456,6 +459,8 @@ def test_one_triton_by_default_as_before():
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
     assert set(containers) == {"triton"}
     assert containers["triton"]["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # Recreate: the one pod goes before its replacement comes, so waiting before SIGTERM would gain nothing
+    assert "lifecycle" not in containers["triton"] and "terminationGracePeriodSeconds" not in dep["spec"]["template"]["spec"]
     cms = {d["metadata"]["name"]: d["data"] for d in find(docs, "ConfigMap")}
     assert cms["demo-serving-worker"]["SERVING_TRITON_GRPC_URL"] == "demo-serving-triton:8001"
     assert cms["demo-serving-control-plane"]["SERVING_TRITON_CONTROL_URL"] == "http://demo-serving-triton:8000"

@@ -18,7 +18,9 @@ address.
   used again once it answers.
 - **Pods come and go**: the name is resolved again every ``resolve_period_s``; new addresses
   join, vanished ones are dropped once their calls finish. A failed or empty lookup keeps the
-  addresses known (the name's server may be the one restarting).
+  addresses known (the name's server may be the one restarting). A call that found every known
+  address unreachable looks the name up at once (at most every ``RESOLVE_AGAIN_S``) and tries the
+  new ones: a rollout can replace every pod a worker knows within one period.
 
 Model readiness (the readiness gate) is true when every address that answers has the model
 ready, and at least one answers: a version is routed to once every live server holds it.
@@ -43,6 +45,7 @@ from serving.worker.errors import ModelNotReady, Unavailable
 log = logging.getLogger(__name__)
 
 PROBE_PERIOD_S = 0.5
+RESOLVE_AGAIN_S = 0.5  # the least time between two lookups made because every address failed
 
 
 def dns_lookup(host: str, port: int) -> list[str]:
@@ -159,7 +162,12 @@ class TritonPool:
         self._start()
         tried: set[str] = set()
         last: Exception | None = None
-        while (m := self._pick(tried)) is not None:
+        while True:
+            m = self._pick(tried)
+            if m is None and await self._resolve_now(tried):  # every known address failed: pods moved?
+                m = self._pick(tried)
+            if m is None:
+                break
             tried.add(m.url)
             m.in_flight += 1
             try:
@@ -177,6 +185,21 @@ class TritonPool:
             finally:
                 m.in_flight -= 1
         raise last or Unavailable(f"no Triton address known for {self.url}", retry_after_s=1)
+
+    async def _resolve_now(self, tried: set[str]) -> bool:
+        """Look the name up again, at most once per ``RESOLVE_AGAIN_S``; True when it names an
+        address not tried yet. Why: in a rollout every pod this worker knows may be gone before
+        the next periodic lookup (``resolve_period_s``) while their replacements are Ready."""
+        if self.source.fixed or time.monotonic() - self._resolved_at < RESOLVE_AGAIN_S:
+            return False
+        try:
+            urls = await asyncio.to_thread(self.source.resolve)
+        except Exception as exc:  # the name service failing is not the call's error
+            log.warning("Triton address lookup for %s failed: %s", self.url, exc)
+            self._resolved_at = time.monotonic()
+            return False
+        self._update(urls)
+        return any(url not in tried for url in urls)
 
     async def model_ready(self, name: str) -> bool:
         async def one(m: Member) -> bool | None:

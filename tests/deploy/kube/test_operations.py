@@ -10,7 +10,9 @@ onnxruntime's for its text) and its counts printed per step:
    and takes calls again.
 2. ``helm upgrade --reuse-values --set worker.replicas=3``: every worker pod holds the control
    plane's config revision and answers a share of the load (each pod's /v2/models/clf/stats).
-3. A rolling upgrade of the workers (a pod annotation): no request lost (preStop sleep, readiness).
+3. A rolling upgrade of the workers (a pod annotation, which rolls every Deployment of the chart: both
+   Triton pods too): no request lost (preStop sleeps, readiness, the workers' lookup of the new Triton
+   pods when every one they knew is gone).
 4. A worker pod deleted: no request lost.
 5. A worker container killed with SIGKILL: it comes back by itself; the requests it had in flight
    may fail, and are counted.
@@ -327,14 +329,17 @@ def release_chart():
 
 def test_3_a_rolling_upgrade_of_the_workers_loses_no_request(release, expected):
     old = {p["metadata"]["name"] for p in release.pods("worker")}
+    old_triton = {p["metadata"]["name"] for p in release.pods("triton")}
     with Load(release, expected) as load:
         release.helm("upgrade", RELEASE, str(release_chart()), "--reuse-values",
                      "--set-string", "podAnnotations.rolled=" + str(int(time.time())),
                      "--wait", "--timeout", "6m", timeout=450)
         pods = wait_pods_ready(release, "worker", 3, exclude=old)
+        tritons = wait_pods_ready(release, "triton", 2, exclude=old_triton)
         settle(3)
     counts = load.snapshot()
-    record("3 rolling upgrade of 3 workers", counts, f"new pods {sorted(p['metadata']['name'] for p in pods)}")
+    record("3 rolling upgrade of 3 workers and 2 Triton pods", counts,
+           f"new pods {sorted(p['metadata']['name'] for p in [*pods, *tritons])}")
     assert counts.lost == 0 and counts.wrong == 0 and counts.retried == 0, counts
 
 

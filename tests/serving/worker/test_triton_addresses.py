@@ -68,3 +68,31 @@ def test_nothing_answering_is_a_503_after_every_address_was_tried_each_taken_out
     assert exc.status == 503 and "unreachable" in str(exc)
     assert failovers == 2 and down == [True, True] and ready is False
     assert engine.is_ready(target) is False
+
+
+def test_a_call_that_finds_every_known_address_gone_looks_the_name_up_again_and_tries_the_new_ones():
+    """A rollout replaced both pods this worker knew before its next periodic lookup: the call
+    looks up at once and reaches the new pod (a real Triton-shaped gRPC answer is not needed:
+    the new address is also refused, and the 503 must name it, so it was tried)."""
+    old, new = [f"127.0.0.1:{free_port()}" for _ in range(2)], f"127.0.0.1:{free_port()}"
+    answers = [old, [new]]
+    pool = TritonPool(addresses_source("dns:///t:1", lookup=lambda h, p: answers.pop(0) if answers else [new]),
+                      resolve_period_s=3600)
+    pool._resolved_at -= 10  # the first lookup was a while ago
+
+    async def call(client):
+        return await client.is_server_live(client_timeout=2.0)
+
+    async def scenario():
+        with pytest.raises(Unavailable) as err:
+            await pool.run("m", call)
+        again_at = pool._resolved_at
+        with pytest.raises(Unavailable):  # a second failure right after does not look up again
+            await pool.run("m", call)
+        out = err.value, pool.addresses(), pool.failovers, pool._resolved_at == again_at
+        await pool.close()
+        return out
+
+    exc, addresses, failovers, throttled = asyncio.run(scenario())
+    assert new in str(exc) and addresses == [new]
+    assert failovers == 4 and throttled  # old 2 + new 1, then the new one once more
