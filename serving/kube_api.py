@@ -7,6 +7,7 @@ call: a projected token is rotated in place by the kubelet.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,11 @@ class InCluster:
         headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}"}
         try:
             with httpx.Client(base_url=self.base_url, verify=str(self.ca_file), timeout=TIMEOUT_S) as client:
-                r = client.request(method, path, headers=headers, json=body, params=params)
+                if method == "PATCH":  # a JSON merge patch: the fields named, null deletes one
+                    r = client.request(method, path, params=params, content=json.dumps(body),
+                                       headers={**headers, "Content-Type": "application/merge-patch+json"})
+                else:
+                    r = client.request(method, path, headers=headers, json=body, params=params)
         except httpx.HTTPError as exc:
             raise KubeError(f"{method} {path}: {exc}") from None
         if missing_ok and r.status_code == 404:

@@ -201,6 +201,9 @@ class LLMSettings(CommonSettings):
     # their pods as the template says (JSON, serving/llm/kube/template.py)
     llm_on_kubernetes: bool = False
     llm_kube_engine: dict[str, Any] = Field(default_factory=dict)
+    # with two control planes: the local one's GET /leadership; only the leader's launcher changes the cluster
+    # (serving/llm/kube/acting.py). Unset: this launcher always acts (one control plane)
+    llm_leader_url: str | None = None
 
 
 class StatisticsSettings(CommonSettings):

@@ -64,6 +64,9 @@ class EngineOptions(BaseModel):
     gpus: int | None = Field(None, ge=0, le=64)
     cpu: str | None = Field(None, pattern=QUANTITY)
     memory: str | None = Field(None, pattern=QUANTITY)
+    # engines the control plane runs on Kubernetes: seconds without a request before the engine goes to zero
+    # replicas; a request wakes it (serving/llm/kube/idle.py, serving/llm/engines/wake.py)
+    scale_to_zero_after_s: int | None = Field(None, ge=10, le=7 * 86400)
 
     @field_validator("url")
     @classmethod

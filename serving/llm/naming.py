@@ -23,7 +23,7 @@ from typing import Any, Mapping
 LLM_ENGINE_FACTORIES: dict[str, str] = {"vllm": "serving.llm.engines.vllm:create"}
 LLM_ENGINES = tuple(LLM_ENGINE_FACTORIES)
 EXTERNAL = ("url", "served_model_name")  # options of an engine that runs elsewhere: nothing to launch
-SCALING = ("replicas", "routing")          # how many engines and how requests spread: not what one computes
+SCALING = ("replicas", "routing", "scale_to_zero_after_s")  # how many engines, how requests spread: not what one computes
 LORA_SIZING = ("max_lora_rank", "max_loras")  # merged over the endpoints sharing an engine (lora_flags)
 PODS = ("image", "gpus", "cpu", "memory")  # where an engine runs on Kubernetes (serving/llm/kube): not what it computes
 

@@ -12,6 +12,13 @@ the same ``apply`` (a snapshot), ``tick``, ``view`` (``GET /engines``) and ``rea
   ``/health`` as readiness probe), ``failed`` with the reason kubelet gives (an image that cannot be
   pulled, a crash loop, the model folder not fetched), else ``starting``. Workers route over the ready
   ones by the endpoint's policy, as over local replicas.
+- Scale to zero (idle.py): an engine whose endpoint sets ``scale_to_zero_after_s`` and whose pods did no work
+  for that long goes to 0 replicas, marked by an annotation; its view is ``scaled_to_zero``. ``wake`` (a
+  worker holding a request for it: ``POST /engines/wake``) puts its replicas back at once; the view is
+  ``starting`` with ``waking`` until a pod is Ready, and the cold start is measured.
+- Only the process that ``acts`` (the leading control plane's launcher, when there are two) creates,
+  replaces, deletes or puts engines to sleep; every one reads the pods and answers ``GET /engines``, and
+  any one may wake an engine (idempotent).
 - A failing Kubernetes API leaves the engines as they are: the workers keep the last map read (the pods
   serve without the API), and an engine not read yet is failed with the API's error, so ``serving model add
   --wait`` says why; the next tick tries again.
@@ -21,10 +28,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from serving.kube_api import InCluster, KubeError
 from serving.llm.kube import manifests
+from serving.llm.kube.idle import ASLEEP_ANNOTATION, WOKEN_ANNOTATION, ColdStarts, IdleClocks
 from serving.llm.kube.template import EngineTemplate
 from serving.llm.launch.process import EngineSpec, wanted_engines
 from serving.settings import LLMSettings
@@ -32,16 +42,31 @@ from serving.settings import LLMSettings
 log = logging.getLogger(__name__)
 
 RECONCILE_S = 2.0
+WAKE_AGAIN_S = 10.0  # a wake this process sent is not sent again sooner (every held request asks)
 # a container waiting for one of these will not start by itself
 STUCK = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
          "CreateContainerError", "RunContainerError"}
 
 
+@dataclass(frozen=True)
+class Made:
+    """An engine's Deployment as the reconcile left it."""
+
+    pod_hash: str | None
+    asleep: bool = False
+    woken_at: float | None = None  # the last wake call's Unix time (idle.py WOKEN_ANNOTATION)
+
+
 class KubeEngines:
     def __init__(self, api: InCluster, template: EngineTemplate, kv_cache_gb: float | None = None,
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None, acts: Callable[[], bool] = lambda: True,
+                 idle: IdleClocks | None = None, cold_starts: ColdStarts | None = None) -> None:
         self.api, self.template, self.kv_cache_gb = api, template, kv_cache_gb
-        self.on_change = on_change
+        self.on_change, self.acts = on_change, acts
+        self.idle = idle or IdleClocks()
+        self.cold_starts = cold_starts or ColdStarts()
+        self._writes = threading.Lock()  # a wake and a reconcile do not write the same Deployment at once
+        self._wakes_sent: dict[str, float] = {}  # engine key -> when this process last woke it (monotonic)
         self.wanted: dict[str, EngineSpec] = {}
         self.revision = -1
         self.lock = threading.Lock()
@@ -51,11 +76,13 @@ class KubeEngines:
         self._owner: dict[str, Any] | None = None
 
     @classmethod
-    def from_settings(cls, settings: LLMSettings, on_change: Callable[[], None] = lambda: None) -> "KubeEngines":
+    def from_settings(cls, settings: LLMSettings, on_change: Callable[[], None] = lambda: None,
+                      acts: Callable[[], bool] = lambda: True, cold_starts: ColdStarts | None = None) -> "KubeEngines":
         api = InCluster.from_pod()
         if api is None:
             raise RuntimeError("SERVING_LLM_ON_KUBERNETES is set but this is no pod with a service account token")
-        return cls(api, EngineTemplate.model_validate(settings.llm_kube_engine), settings.vllm_kv_cache_gb, on_change)
+        return cls(api, EngineTemplate.model_validate(settings.llm_kube_engine), settings.vllm_kv_cache_gb, on_change,
+                   acts, cold_starts=cold_starts)
 
     def apply(self, snapshot: dict[str, Any]) -> None:
         with self.lock:
@@ -71,7 +98,11 @@ class KubeEngines:
         with self.lock:
             wanted = dict(self.wanted)
         try:
-            views = self._read(wanted, self._reconcile(wanted))
+            with self._writes:
+                made = self._reconcile(wanted, write=self.acts())
+            views = self._read(wanted, made)
+            if self.acts():
+                self._sleep_idle(wanted, views, made)
             error = None
         except KubeError as exc:  # the pods go on serving: keep the last map read, and say why it is old
             log.warning("engines on Kubernetes: %s", exc)
@@ -83,17 +114,21 @@ class KubeEngines:
         if changed:
             self.on_change()
 
-    def _reconcile(self, wanted: dict[str, EngineSpec]) -> dict[str, str | None]:
-        """Make the cluster hold what ``wanted`` asks for; each engine's pod template hash (by engine name)."""
+    def _reconcile(self, wanted: dict[str, EngineSpec], write: bool = True) -> dict[str, Made]:
+        """Make the cluster hold what ``wanted`` asks for (``write``: only read it, when another launcher
+        acts); each engine's Deployment as it is now (by engine name)."""
         ns, t = self.api.namespace, self.template
         if t.owner and self._owner is None:
             self._owner = self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{t.owner}")
         params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
         have = {d["metadata"]["name"]: d for d in
                 self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments", params)["items"]}
-        services = {s["metadata"]["name"] for s in self.api.get(f"/api/v1/namespaces/{ns}/services", params)["items"]}
         desired = {manifests.engine_name(t.release, k): spec for k, spec in wanted.items()}
-        templates = {name: self._ensure(name, spec, have.get(name), name in services) for name, spec in desired.items()}
+        if not write:
+            return {name: Made(_hash(self._body(spec, have.get(name))), self._asleep(have.get(name)),
+                               _woken_at(have.get(name))) for name, spec in desired.items()}
+        services = {s["metadata"]["name"] for s in self.api.get(f"/api/v1/namespaces/{ns}/services", params)["items"]}
+        made = {name: self._ensure(name, spec, have.get(name), name in services) for name, spec in desired.items()}
         for name in sorted(set(have) - set(desired)):
             log.info("engine %s (%s) no longer deployed: deleting it", name,
                      have[name]["metadata"].get("annotations", {}).get(manifests.KEY_ANNOTATION))
@@ -102,13 +137,28 @@ class KubeEngines:
         for name in sorted(services - set(desired)):
             self.api.request("DELETE", f"/api/v1/namespaces/{ns}/services/{name}", missing_ok=True)
         self._reconcile_hpas(desired, params)
-        return templates
+        return made
 
-    def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> str | None:
-        """The engine's Deployment and Service as they should be; its pod template's hash."""
-        ns = self.api.namespace
+    def _asleep(self, current: dict[str, Any] | None) -> bool:
+        """Scaled to zero, and no wake since (a wake removes the annotation)."""
+        return bool(current) and ASLEEP_ANNOTATION in (current["metadata"].get("annotations") or {})
+
+    def _body(self, spec: EngineSpec, current: dict[str, Any] | None) -> dict[str, Any]:
         body = manifests.owned(manifests.deployment(spec, self.template, self.kv_cache_gb), self._owner)
-        autoscaled = self.template.autoscaling is not None
+        woken = ((current or {}).get("metadata", {}).get("annotations") or {}).get(WOKEN_ANNOTATION)
+        if woken is not None:  # a replacement keeps when it was last woken (cold starts, idle clocks)
+            body["metadata"]["annotations"][WOKEN_ANNOTATION] = woken
+        if self._asleep(current):
+            body["spec"]["replicas"] = 0
+            body["metadata"]["annotations"][ASLEEP_ANNOTATION] = current["metadata"]["annotations"][ASLEEP_ANNOTATION]
+        return body
+
+    def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> Made:
+        """The engine's Deployment and Service as they should be."""
+        ns = self.api.namespace
+        body = self._body(spec, current)
+        asleep = self._asleep(current)
+        autoscaled = self.template.autoscaling is not None and not asleep  # asleep: the HPA does nothing at 0
         if current is None:
             if autoscaled:  # the HPA takes the count from here
                 body["spec"]["replicas"] = self.template.autoscaling.min_replicas
@@ -123,7 +173,54 @@ class KubeEngines:
         if not has_service:
             self.api.request("POST", f"/api/v1/namespaces/{ns}/services",
                              manifests.owned(manifests.service(spec, self.template), self._owner))
-        return _hash(body)
+        return Made(_hash(body), asleep, _woken_at(current))
+
+    # --- scale to zero (idle.py) ------------------------------------------------------------
+    def _sleep_idle(self, wanted: dict[str, EngineSpec], views: dict[str, dict[str, Any]],
+                    made: dict[str, Made]) -> None:
+        """Each engine that may sleep and did no work for its ``scale_to_zero_after_s`` goes to zero."""
+        self.idle.retain(set(wanted))
+        for key, spec in wanted.items():
+            after = spec.options.get("scale_to_zero_after_s")
+            name = manifests.engine_name(self.template.release, key)
+            if not after or made[name].asleep or views[key].get("waking"):
+                continue
+            if made[name].woken_at:
+                self.idle.active(key, made[name].woken_at)
+            self.idle.observe(key, views[key]["replicas"])
+            if views[key]["state"] == "ready" and self.idle.idle_s(key) >= float(after):
+                log.info("engine %s: idle for %.0f s, scaling it to zero", key, self.idle.idle_s(key))
+                at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                with self._writes:
+                    self._patch(name, {"metadata": {"annotations": {ASLEEP_ANNOTATION: at}}, "spec": {"replicas": 0}})
+                self._due = 0.0
+
+    def wake(self, key: str) -> dict[str, Any] | None:
+        """Put a sleeping engine's replicas back (a worker holds a request for it); None: no such engine.
+        Idempotent: a wake under way, or an engine awake, is answered as it is."""
+        with self.lock:
+            spec = self.wanted.get(key)
+            state = (self._views.get(key) or {}).get("state")
+        if spec is None:
+            return None
+        name = manifests.engine_name(self.template.release, key)
+        sent = self._wakes_sent.get(key)
+        if state == "scaled_to_zero" and (sent is None or time.monotonic() - sent > WAKE_AGAIN_S):
+            self._wakes_sent[key] = time.monotonic()
+            replicas = max(spec.replicas, self.template.autoscaling.min_replicas if self.template.autoscaling else 1)
+            log.info("engine %s: woken by a request, %d replica(s)", key, replicas)
+            with self._writes:
+                woken = {ASLEEP_ANNOTATION: None, WOKEN_ANNOTATION: str(self.idle.clock())}
+                self._patch(name, {"metadata": {"annotations": woken}, "spec": {"replicas": replicas}})
+            with self.lock:
+                if key in self._views:
+                    self._views[key] = {**self._views[key], "state": "starting", "waking": True}
+            self._due = 0.0
+            state = "starting"
+        return {"engine": key, "state": state}
+
+    def _patch(self, name: str, patch: dict[str, Any]) -> None:
+        self.api.request("PATCH", f"/apis/apps/v1/namespaces/{self.api.namespace}/deployments/{name}", patch)
 
     def _reconcile_hpas(self, desired: dict[str, EngineSpec], params: dict[str, str]) -> None:
         """Each engine's HPA while llmEngines.autoscaling is on; none otherwise (one left from before is deleted)."""
@@ -142,8 +239,8 @@ class KubeEngines:
         for name in sorted(set(have) - set(wanted)):
             self.api.request("DELETE", f"{path}/{name}", missing_ok=True)
 
-    def _read(self, wanted: dict[str, EngineSpec], templates: dict[str, str | None]) -> dict[str, dict[str, Any]]:
-        """Each engine's view from its pods; ``templates``: each one's current pod template hash (by name)."""
+    def _read(self, wanted: dict[str, EngineSpec], made: dict[str, Made]) -> dict[str, dict[str, Any]]:
+        """Each engine's view from its pods; ``made``: each one's Deployment now (by name)."""
         ns, t = self.api.namespace, self.template
         params = {"labelSelector": manifests.label_selector(manifests.selector(t.release))}
         pods = self.api.get(f"/api/v1/namespaces/{ns}/pods", params)["items"]
@@ -151,8 +248,20 @@ class KubeEngines:
         for pod in pods:
             by_engine.setdefault(pod["metadata"].get("labels", {}).get("serving.io/engine", ""), []).append(pod)
         names = {key: manifests.engine_name(t.release, key) for key in wanted}
-        return {key: engine_view(key, by_engine.get(names[key], []), t.port, sorted(spec.adapters), templates[names[key]])
-                for key, spec in wanted.items()}
+        views = {}
+        for key, spec in wanted.items():
+            pods, m = by_engine.get(names[key], []), made[names[key]]
+            view = engine_view(key, pods, t.port, sorted(spec.adapters), m.pod_hash)
+            if m.asleep and not view["replicas"]:
+                view["state"] = "scaled_to_zero"
+            elif self.cold_starts.waking(key, m.woken_at, pods):
+                view["waking"] = True
+            if spec.options.get("scale_to_zero_after_s"):
+                view["scale_to_zero_after_s"] = spec.options["scale_to_zero_after_s"]
+            if key in self.cold_starts.last:
+                view["cold_start_s"] = round(self.cold_starts.last[key], 1)
+            views[key] = view
+        return views
 
     # --- what others read ---------------------------------------------------------------
     def view(self) -> dict[str, Any]:
@@ -181,6 +290,13 @@ def _hash(body: dict[str, Any]) -> str | None:
 def _differs(current: dict[str, Any], body: dict[str, Any], count: bool = True) -> bool:
     """Its pods should run something else, or (``count``: no HPA owns it) their number changed."""
     return _hash(current) != _hash(body) or (count and current["spec"].get("replicas") != body["spec"]["replicas"])
+
+
+def _woken_at(current: dict[str, Any] | None) -> float | None:
+    try:
+        return float(((current or {}).get("metadata", {}).get("annotations") or {})[WOKEN_ANNOTATION])
+    except (KeyError, ValueError):
+        return None
 
 
 def _failed(key: str, error: str) -> dict[str, Any]:

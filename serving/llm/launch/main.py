@@ -9,13 +9,15 @@ import logging
 import signal
 import threading
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from serving.artifact_client import ArtifactFetcher
 from serving.config_client import ConfigSubscriber
 from serving.llm.launch.metrics import EngineMetrics
 from serving.llm.launch.http import EnginesServer
+from serving.llm.kube.acting import LeaderCheck
 from serving.llm.kube.engines import KubeEngines
+from serving.llm.kube.idle import ColdStarts
 from serving.llm.launch.launcher import Launcher
 from serving.readiness_report import ReadinessReporter, process_id
 from serving.settings import LLMSettings
@@ -23,6 +25,7 @@ from serving.settings import LLMSettings
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+COLD_START_BUCKETS = (5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 
 def run_launcher(settings: LLMSettings, stop: threading.Event | None = None,
@@ -35,12 +38,23 @@ def run_launcher(settings: LLMSettings, stop: threading.Event | None = None,
                               shared_dir=settings.resolved_artifact_dir())
     reporter = ReadinessReporter(settings.control_plane_url, process_id("llm"), lambda: launcher.readiness(),
                                  kind="llm")
-    launcher = KubeEngines.from_settings(settings, on_change=reporter.poke) if settings.llm_on_kubernetes \
-        else Launcher(settings, fetcher.path, on_change=reporter.poke)
-    metrics, registry = EngineMetrics(launcher.view), CollectorRegistry(auto_describe=False)
+    registry = CollectorRegistry(auto_describe=False)
+    cold_starts = Histogram("serving_llm_cold_start_seconds", "From an engine's wake call (scaled to zero) to its "
+                            "first Ready pod", ["endpoint", "version"], registry=registry, buckets=COLD_START_BUCKETS)
+
+    def measured(key: str, seconds: float) -> None:
+        for endpoint in metrics.endpoints.get(key, []):
+            cold_starts.labels(endpoint, key.rsplit(":", 1)[1].partition("@")[0]).observe(seconds)
+
+    if settings.llm_on_kubernetes:
+        acts = LeaderCheck(settings.llm_leader_url) if settings.llm_leader_url else (lambda: True)
+        launcher = KubeEngines.from_settings(settings, reporter.poke, acts, ColdStarts(measured))
+    else:
+        launcher = Launcher(settings, fetcher.path, on_change=reporter.poke)
+    metrics = EngineMetrics(launcher.view)
     registry.register(metrics)
     server = EnginesServer(launcher.view, settings.llm_launcher_host, settings.llm_launcher_port,
-                           metrics=lambda: generate_latest(registry)).start()
+                           metrics=lambda: generate_latest(registry), wake=getattr(launcher, "wake", None)).start()
 
     def apply(snapshot: dict) -> None:
         metrics.follow(snapshot)
