@@ -49,6 +49,7 @@ class _Wanted:
     asked_ranks: list[int] = field(default_factory=list)  # the endpoints' max_lora_rank
     max_loras: list[int] = field(default_factory=list)
     lora_asked: bool = False                             # an endpoint named max_lora_rank or max_loras
+    idle_after: list[int | None] = field(default_factory=list)  # each sharing target's scale_to_zero_after_s
 
 
 def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
@@ -68,6 +69,7 @@ def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
             key = target_engine(t["model"], int(t["version"]), t.get("signature"), options)
             w = wanted.setdefault(key, _Wanted(str(base["artifact"]) if base else t["artifact"], dict(options)))
             w.replicas = max(w.replicas, replica_count(options))
+            w.idle_after.append(options.get("scale_to_zero_after_s"))
             if options.get("max_lora_rank") or options.get("max_loras"):
                 w.lora_asked = True
                 w.asked_ranks += [int(options["max_lora_rank"])] if options.get("max_lora_rank") else []
@@ -75,8 +77,16 @@ def wanted_engines(snapshot: dict[str, Any]) -> dict[str, EngineSpec]:
             if base is not None:
                 w.adapters[adapter_name(t["model"], int(t["version"]))] = t["artifact"]
                 w.ranks.append(int(((t.get("signature") or {}).get("lora") or {}).get("rank") or 1))
-    return {key: EngineSpec(key, w.artifact, w.options, w.replicas, lora_flags(w), dict(w.adapters))
+    return {key: EngineSpec(key, w.artifact, idle_merged(w), w.replicas, lora_flags(w), dict(w.adapters))
             for key, w in wanted.items()}
+
+
+def idle_merged(w: _Wanted) -> dict[str, Any]:
+    """The engine sleeps (serving/llm/kube/idle.py) only when every endpoint sharing it lets it, after the
+    longest idle time any of them gives: one endpoint's choice never puts another's engine to sleep."""
+    after = None if None in w.idle_after else max(w.idle_after, default=None)
+    return {**{k: v for k, v in w.options.items() if k != "scale_to_zero_after_s"},
+            **({"scale_to_zero_after_s": after} if after else {})}
 
 
 def lora_flags(w: _Wanted) -> tuple[int, int] | None:

@@ -104,3 +104,15 @@ def test_lora_is_on_when_an_adapter_runs_in_the_engine_and_sized_from_them():
     assert specs(lora_snapshot({}, [8, 32]))[0].lora == (32, 4)
     assert specs(lora_snapshot({"max_loras": 2}, [20]))[0].lora == (32, 2), "rank 20 needs vLLM's 32"
     assert not specs(lora_snapshot({}, [8]))[0].same_engine(plain), "LoRA on is another engine process"
+
+
+def test_an_engine_shared_by_endpoints_sleeps_only_when_every_one_lets_it_after_the_longest_idle_time():
+    def snap(*idle: int | None) -> dict:
+        return {"endpoints": {f"e{i}": {"engine": "vllm", "engine_options": {"scale_to_zero_after_s": after} if after else {},
+                                        "targets": [{"model": "m", "version": 1, "artifact": "a" * 64}]}
+                              for i, after in enumerate(idle)}}
+
+    (one,) = wanted_engines(snap(60, 300)).values()
+    assert one.key == "m:1" and one.options == {"scale_to_zero_after_s": 300}
+    (shared,) = wanted_engines(snap(60, None)).values()
+    assert shared.key == "m:1" and "scale_to_zero_after_s" not in shared.options
