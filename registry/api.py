@@ -11,11 +11,12 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm.exc import StaleDataError
 
-from registry import audit, auth, client_keys, schemas
+from registry import audit, auth, client_keys, config_notify, schemas
 from registry.artifacts import ArtifactStore
 from registry.broadcast import Broadcaster
 from registry.console.app import mount_console
 from registry.db import make_engine, session_factory, upgrade
+from registry.leadership import Leadership
 from registry.orm import Endpoint, ModelVersion
 from registry.readiness import ReadinessBook, readiness_router
 from registry.rollout_api import rollout_router
@@ -53,36 +54,47 @@ def endpoint_out(ep: Endpoint) -> dict:
 
 def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     settings = settings or ControlPlaneSettings()
-    engine = make_engine(settings.resolved_database_url())
+    url = settings.resolved_database_url()
+    engine = make_engine(url)
     upgrade(engine)
     sessions = session_factory(engine)
     store = ArtifactStore(settings.resolved_artifact_dir())
-    broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store))
+    # of several replicas on one database, only the leader runs rollouts and the listeners (docs/high-availability.md)
+    leadership = Leadership(url)
+    broadcaster = Broadcaster(sessions, listeners=_listeners(settings, store), leads=lambda: leadership.is_leader)
+    notify = config_notify.uses_notify(url)  # PostgreSQL: each change is announced to the other replicas
     # writes commit on many threads at once; each refresh reads after the commit that called it
     registry = Registry(sessions, store, on_change=broadcaster.refresh,
+                        announce=config_notify.announce if notify else lambda s: None,
                         external_triton=settings.triton_model_repository is not None,
                         per_model_installs=settings.install_py_dep_per_model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         broadcaster.start(asyncio.get_running_loop())
-        watcher = asyncio.create_task(broadcaster.watch_database())
-        controller = RolloutController(rollouts, settings.rollout_tick_s).start()
+        listener = config_notify.ConfigListener(url, broadcaster.refresh_to).start() if notify else None
+        watcher = asyncio.create_task(broadcaster.watch_database(config_notify.SAFETY_NET_POLL_S if notify else 1.0))
+        leadership.on_gain.append(broadcaster.replay)
+        leadership.start()
+        controller = RolloutController(rollouts, settings.rollout_tick_s, leads=lambda: leadership.is_leader).start()
         yield
         controller.stop()
+        leadership.stop()  # another replica leads within its period
+        if listener is not None:
+            listener.stop()
         watcher.cancel()
         engine.dispose()
 
     rollouts = Rollouts(registry, _rollout_metrics(settings))
     app = FastAPI(title="serving control plane", lifespan=lifespan)
-    app.state.registry, app.state.broadcaster = registry, broadcaster
+    app.state.registry, app.state.broadcaster, app.state.leadership = registry, broadcaster, leadership
     _errors(app)
     auth.install(app, sessions, settings)  # before any route: each one added after checks a token
     audit.install(app, sessions)
     app.state.max_artifact_bytes = settings.max_artifact_bytes
-    app.state.readiness = ReadinessBook()
+    app.state.readiness = ReadinessBook(sessions)
     app.include_router(readiness_router(app.state.readiness, lambda: broadcaster.snapshot))  # before /endpoints/{name}
-    _routes(app, registry, broadcaster, store)
+    _routes(app, registry, broadcaster, store, leadership)
     client_keys.install(app, registry)
     app.include_router(rollout_router(rollouts))
     mount_console(app, settings)  # /console: the web console (registry/console/, docs/console.md)
@@ -146,10 +158,16 @@ def _errors(app: FastAPI) -> None:
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
 
 
-def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: ArtifactStore) -> None:
+def _routes(app: FastAPI, registry: Registry, broadcaster: Broadcaster, store: ArtifactStore,
+            leadership: Leadership) -> None:
     @app.get("/health")
     def health():
-        return {"status": "ok", "revision": registry.revision()}
+        return {"status": "ok", "revision": registry.revision(), "leader": leadership.is_leader}
+
+    @app.get("/leadership")
+    def leadership_state():
+        """Whether this replica leads (open: the LLM launcher sidecar asks it on 127.0.0.1 before acting)."""
+        return leadership.state()
 
     @app.get("/config")
     def config():

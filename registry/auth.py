@@ -10,7 +10,8 @@ Roles (see docs/security.md):
 
 Rules are looked up by method and route template; a route nobody listed (one added later)
 gets the default for its method: reads need a human role, changes need deployer. Only
-``/health`` and the API description (``/openapi.json``, ``/docs``) are open.
+``/health``, ``/leadership`` (whether this replica leads: a sidecar asks it) and the API description
+(``/openapi.json``, ``/docs``) are open.
 
 Tokens are random (``srv_`` + 256 bits), shown once, stored as their sha256. Bootstrap tokens
 come from ``SERVING_ADMIN_TOKEN`` / ``SERVING_WORKER_TOKEN`` or, when those are unset, from
@@ -46,7 +47,7 @@ ADMINS = frozenset({"admin"})
 CONFIG_READERS = READERS | {"worker"}
 ANY = frozenset(ROLES)
 
-PUBLIC = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+PUBLIC = frozenset({"/health", "/leadership", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 # (method, route template) -> roles allowed; anything not listed: DEFAULTS by method
 RULES: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/config"): CONFIG_READERS,

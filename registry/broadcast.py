@@ -6,6 +6,10 @@ Every refresh, from a commit or from that check, takes one lock across its read 
 swap: two of them at once could finish out of order, and the one that read before a
 commit then put its older snapshot back over the newer one (``GET /config`` right after
 a deploy answered without the endpoint until the next check).
+
+Listeners (the external Triton's repository sync) act on the world outside the database, so only
+the leading replica runs them (registry/leadership.py); one that becomes leader replays the current
+snapshot to them.
 """
 from __future__ import annotations
 
@@ -23,11 +27,13 @@ log = logging.getLogger(__name__)
 
 
 class Broadcaster:
-    def __init__(self, sessions: sessionmaker, listeners: list[Callable[[dict], None]] | None = None) -> None:
+    def __init__(self, sessions: sessionmaker, listeners: list[Callable[[dict], None]] | None = None,
+                 leads: Callable[[], bool] = lambda: True) -> None:
         self.sessions = sessions
         self.snapshot: dict = {"revision": -1, "endpoints": {}}
         self.encoded = b""
         self.listeners = listeners or []
+        self.leads = leads  # whether this replica runs the listeners
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()  # a refresh that reads later publishes later
@@ -41,19 +47,35 @@ class Broadcaster:
         with self._lock:
             self._refresh()
 
+    def refresh_to(self, revision: int | None) -> None:
+        """Refresh unless the snapshot is at ``revision`` already (a notification of this replica's own
+        commit); None: unknown, refresh."""
+        if revision is None or revision > self.snapshot["revision"]:
+            self.refresh()
+
+    def replay(self) -> None:
+        """Hand the current snapshot to the listeners again: this replica has just become the leader."""
+        with self._lock:
+            if self.snapshot["revision"] >= 0:  # not the placeholder before the first read: it would empty Triton
+                self._notify(self.snapshot)
+
     def _refresh(self) -> None:
         with self.sessions() as s:
             snap = build_snapshot(s)
         if snap == self.snapshot:
             return
         self.snapshot, self.encoded = snap, orjson.dumps(snap)
+        if self.leads():
+            self._notify(snap)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _notify(self, snap: dict) -> None:
         for listener in self.listeners:
             try:
                 listener(snap)
             except Exception:
                 log.exception("snapshot listener failed")
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         self._changed.set()

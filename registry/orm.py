@@ -159,3 +159,16 @@ class Rollout(Base):
 
     endpoint: Mapped[Endpoint] = relationship()
     model: Mapped[ModelVersion] = relationship()
+
+
+class ReadinessRecord(Base):
+    """The last readiness report of one worker process, Triton or LLM launcher (registry/readiness.py), in the
+    database so that every control-plane replica sees the reports any of them received."""
+
+    __tablename__ = "readiness_reports"
+
+    source: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # worker | triton | llm
+    revision: Mapped[int] = mapped_column(Integer)
+    report: Mapped[dict] = mapped_column(JSON)  # the report as posted (ReadinessReport)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

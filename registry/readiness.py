@@ -3,8 +3,10 @@
 Workers route to a new version only once it is ready on their engine (serving/worker/gate.py)
 and report, per process, the config revision they applied and each endpoint's state
 (serving/readiness_report.py). The embedded Triton reports the models it failed to load. The
-reports live in this process's memory only (a restarted control plane knows again within one
-heartbeat); a process silent for ``TTL_S`` is forgotten, and one that stops says so.
+reports live in the database (table ``readiness_reports``, one row a source), so every control-plane
+replica answers from all of them, whichever replica a report reached; a process silent for ``TTL_S``
+is forgotten, and one that stops says so. The time a report was received is the receiving replica's
+UTC clock (replicas' clocks agree to far less than the TTL).
 
 An endpoint is ``ready`` when every live worker process applied the current revision and routes
 to its current targets; ``failed`` when one of them could not build it or Triton could not load
@@ -14,18 +16,24 @@ when no worker reports at all.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
+from sqlalchemy import delete, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from registry.errors import NotFound
+from registry.orm import ReadinessRecord
 from serving.llm.naming import LLM_ENGINES, adapter_name, lora_base, target_engine
 
 TTL_S = 15.0          # three missed heartbeats (serving/readiness_report.py HEARTBEAT_S)
-MAX_SOURCES = 1000    # memory bound: the oldest report goes first
+MAX_SOURCES = 1000    # bound on the reports kept and read: the oldest report goes first
+PRUNE_S = 5.0         # how often (at most) a replica deletes the reports older than the TTL
 MAX_WAIT_S = 60.0     # one long poll; the CLI polls again for longer waits
 POLL_S = 0.1
 
@@ -38,6 +46,16 @@ class EndpointState(BaseModel):
     pending_s: float | None = None
 
 
+class EngineState(BaseModel):
+    """An LLM engine the launcher runs, as the console shows it (scale to zero: serving/llm/kube/idle.py)."""
+
+    state: Literal["ready", "starting", "failed", "scaled_to_zero"]
+    waking: bool = False
+    replicas: int = Field(0, ge=0)
+    scale_to_zero_after_s: int | None = None
+    cold_start_s: float | None = None
+
+
 class ReadinessReport(BaseModel):
     source: str = Field(min_length=1, max_length=200)
     kind: Literal["worker", "triton", "llm"] = "worker"
@@ -45,29 +63,49 @@ class ReadinessReport(BaseModel):
     revision: int = -1
     endpoints: dict[str, EndpointState] = Field(default_factory=dict)  # workers
     failures: dict[str, str] = Field(default_factory=dict)  # triton / llm: model name -> why its load failed
+    engines: dict[str, EngineState] = Field(default_factory=dict, max_length=1000)  # llm on Kubernetes: by key
 
 
 class ReadinessBook:
-    def __init__(self, ttl_s: float = TTL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.clock = ttl_s, clock
-        self._reports: dict[str, tuple[float, ReadinessReport]] = {}
-        self._lock = threading.Lock()
+    """The reports, in the database every replica shares. ``clock``: seconds since the epoch (a test's
+    clock may start anywhere); it stamps the reports received here and ages the ones read."""
+
+    def __init__(self, sessions: sessionmaker, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.sessions, self.ttl_s, self.clock = sessions, ttl_s, clock
+        self._pruned_at = float("-inf")
 
     def put(self, report: ReadinessReport) -> None:
-        with self._lock:
-            self._reports.pop(report.source, None)
-            if not report.gone:
-                self._reports[report.source] = (self.clock(), report)
-                while len(self._reports) > MAX_SOURCES:
-                    del self._reports[next(iter(self._reports))]
+        with self.sessions.begin() as session:
+            if report.gone:
+                session.execute(delete(ReadinessRecord).where(ReadinessRecord.source == report.source))
+                return
+            _upsert(session, {"source": report.source, "kind": report.kind, "revision": report.revision,
+                              "report": report.model_dump(mode="json"), "received_at": _stamp(self.clock())})
 
     def live(self) -> list[tuple[float, ReadinessReport]]:
-        """The reports of processes heard from within ``ttl_s`` (the others are forgotten now)."""
+        """The reports of processes heard from within ``ttl_s`` (at most ``MAX_SOURCES``, the newest), by
+        source; one SELECT. Now and then (every ``PRUNE_S``) the older ones are deleted too."""
         now = self.clock()
-        with self._lock:
-            for source in [s for s, (at, _) in self._reports.items() if now - at > self.ttl_s]:
-                del self._reports[source]
-            return list(self._reports.values())
+        if now - self._pruned_at >= PRUNE_S:
+            self._prune(now)
+        query = (select(ReadinessRecord.received_at, ReadinessRecord.report)
+                 .where(ReadinessRecord.received_at >= _stamp(now - self.ttl_s))
+                 .order_by(ReadinessRecord.received_at.desc()).limit(MAX_SOURCES))
+        with self.sessions() as session:
+            rows = session.execute(query).all()
+        found = [(_seconds(at), ReadinessReport.model_validate(report)) for at, report in rows]
+        return sorted(found, key=lambda entry: entry[1].source)
+
+    def _prune(self, now: float) -> None:
+        """Delete the reports older than the TTL, and the oldest beyond ``MAX_SOURCES``."""
+        self._pruned_at = now
+        with self.sessions.begin() as session:
+            session.execute(delete(ReadinessRecord).where(ReadinessRecord.received_at < _stamp(now - self.ttl_s)))
+            if session.scalar(select(func.count()).select_from(ReadinessRecord)) > MAX_SOURCES:
+                kept = (select(ReadinessRecord.source).order_by(ReadinessRecord.received_at.desc())
+                        .limit(MAX_SOURCES).scalar_subquery())
+                session.execute(delete(ReadinessRecord).where(ReadinessRecord.source.not_in(kept)))
 
     def endpoint_status(self, name: str, snapshot: dict) -> dict[str, Any]:
         spec = (snapshot.get("endpoints") or {}).get(name)
@@ -100,6 +138,28 @@ class ReadinessBook:
         wanted = [[t["version"], t.get("weight", 0), t.get("role", "stable")] for t in spec.get("targets") or []]
         return {"endpoint": name, "revision": revision, "state": state, "error": errors[0] if errors else None,
                 "targets": wanted, "workers": workers}
+
+
+def _stamp(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def _seconds(at: datetime) -> float:
+    """SQLite hands a timestamp back without its zone; it was stored in UTC."""
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def _upsert(session: Session, values: dict[str, Any]) -> None:
+    """Insert the source's row or replace it, in one statement (two replicas may write one source at once)."""
+    dialect = {"postgresql": postgresql, "sqlite": sqlite}.get(session.get_bind().dialect.name)
+    if dialect is None:  # another database: replace it within the transaction
+        session.execute(delete(ReadinessRecord).where(ReadinessRecord.source == values["source"]))
+        session.add(ReadinessRecord(**values))
+        return
+    insert = dialect.insert(ReadinessRecord).values(**values)
+    session.execute(insert.on_conflict_do_update(
+        index_elements=[ReadinessRecord.source],
+        set_={name: insert.excluded[name] for name in values if name != "source"}))
 
 
 def _worker_line(report: ReadinessReport, name: str, revision: int, age_s: float) -> dict[str, Any]:
@@ -155,8 +215,8 @@ def readiness_router(book: ReadinessBook, snapshot: Callable[[], dict]) -> APIRo
     async def endpoint_status(name: str, wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S)) -> dict:
         """``wait``: hold the answer up to that many seconds until the state is ready or failed."""
         deadline = time.monotonic() + wait
-        while True:
-            status = book.endpoint_status(name, snapshot())
+        while True:  # one SELECT a poll, off the event loop
+            status = await run_in_threadpool(book.endpoint_status, name, snapshot())
             if status["state"] in ("ready", "failed") or time.monotonic() >= deadline:
                 return status
             await asyncio.sleep(POLL_S)

@@ -11,8 +11,11 @@ and makes no decision (no gate is judged) until it is resumed, with a fresh wind
 interval; aborting works on a paused rollout too.
 
 The state lives in the ``rollouts`` table, so a restarted control plane resumes a rollout at
-its step with a fresh window (a paused one stays paused). Two control planes on one database do not both act on a step:
-each change is conditional on the step it read (``UPDATE ... WHERE step_index = ?``).
+its step with a fresh window (a paused one stays paused). Of several control planes on one database
+only the leader's controller ticks (registry/leadership.py); one that becomes leader resumes every
+running rollout with a fresh window, as after a restart: the window's baseline is kept per process.
+Should two act at once anyway (a leader that has not yet seen it lost its lock), they do not both
+act on a step: each change is conditional on the step it read (``UPDATE ... WHERE step_index = ?``).
 """
 from __future__ import annotations
 
@@ -200,13 +203,25 @@ class Rollouts:
     def tick(self) -> None:
         now = self.clock()
         with self.registry.sessions() as s:
-            due = [r.id for r in s.scalars(select(Rollout).where(Rollout.state == "running"))
-                   if _aware(r.next_step_at) is None or _aware(r.next_step_at) <= now]
+            live = list(s.scalars(select(Rollout).where(Rollout.state.in_(LIVE))))
+            self._follow_other_replicas(live)
+            due = [r.id for r in live if r.state == "running"
+                   and (_aware(r.next_step_at) is None or _aware(r.next_step_at) <= now)]
         for rollout_id in due:
             try:
                 self._step(rollout_id, now)
             except Exception:  # one rollout's trouble must not stop the others
                 log.exception("rollout %s: step failed", rollout_id)
+
+    def _follow_other_replicas(self, live: list[Rollout]) -> None:
+        """Baselines of rollouts started, paused or resumed through another control-plane replica,
+        which took its own: a running rollout without one here gets one now (its window starts at
+        most a tick late); a paused one drops its own, so that its resume starts a fresh window."""
+        for r in live:
+            if r.state == "paused":
+                self._baselines.pop(r.id, None)
+            elif r.id not in self._baselines:
+                self._baselines[r.id] = self.source.snapshot(r.endpoint.name, r.model.version)
 
     def _step(self, rollout_id: int, now: datetime) -> None:
         with self.registry.sessions() as s:
@@ -334,31 +349,46 @@ def _event(at: datetime, event: str, step: int, weight: float, observed: dict | 
 
 
 class RolloutController:
-    """Ticks the rollouts from a thread of the control-plane process."""
+    """Ticks the rollouts from a thread of the control-plane process while ``leads()`` says this
+    process is the leader (always, by default); each time it becomes the leader, before its first
+    tick, every running rollout is resumed with a fresh window."""
 
-    def __init__(self, rollouts: Rollouts, period_s: float = 0.5) -> None:
+    def __init__(self, rollouts: Rollouts, period_s: float = 0.5, leads: Callable[[], bool] = lambda: True) -> None:
         self.rollouts = rollouts
         self.period_s = period_s
+        self.leads = leads
+        self._leading = False  # whether the running rollouts were resumed since this process leads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> "RolloutController":
-        try:
-            resumed = self.rollouts.resume_after_restart()
-            if resumed:
-                log.info("resumed %d running rollout(s)", resumed)
-        except Exception:
-            log.exception("could not resume rollouts")
         self._thread = threading.Thread(target=self._run, name="rollouts", daemon=True)
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        while True:
+            self._once()
+            if self._stop.wait(self.period_s):
+                return
+
+    def _once(self) -> None:
+        if not self.leads():
+            self._leading = False
+            return
+        if not self._leading:
             try:
-                self.rollouts.tick()
-            except Exception:
-                log.exception("rollout tick failed")
+                resumed = self.rollouts.resume_after_restart()
+            except Exception:  # tried again next period; no tick judges a window this process did not open
+                log.exception("could not resume rollouts")
+                return
+            if resumed:
+                log.info("resumed %d running rollout(s)", resumed)
+            self._leading = True
+        try:
+            self.rollouts.tick()
+        except Exception:
+            log.exception("rollout tick failed")
 
     def stop(self) -> None:
         self._stop.set()

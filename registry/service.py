@@ -43,7 +43,9 @@ def _retriable(exc: Exception) -> bool:
 class Registry:
     sessions: sessionmaker
     store: ArtifactStore
-    on_change: Callable[[], None] = lambda: None
+    on_change: Callable[[], None] = lambda: None  # after each committed change
+    # in each change's transaction, before its commit: PostgreSQL's NOTIFY to the other replicas (config_notify.py)
+    announce: Callable[[Session], None] = lambda s: None
     external_triton: bool = False  # SERVING_TRITON_MODEL_REPOSITORY set: engine triton is a full Triton (registry/formats.py)
     per_model_installs: bool = False  # SERVING_INSTALL_PY_DEP_PER_MODEL: an archive's requirements.txt is installed
 
@@ -55,6 +57,7 @@ class Registry:
     def _commit(self, s: Session) -> None:
         if not s.info.pop("revision_bumped", False):
             self._bump(s)
+        self.announce(s)
         s.commit()
         try:
             self.on_change()

@@ -143,8 +143,8 @@ def _routes(app: FastAPI, main: FastAPI, settings: ControlPlaneSettings, models:
     async def settled(name: str, timeout_s: float) -> dict[str, Any]:
         """The endpoint's readiness once ready or failed, or as it is when ``timeout_s`` has passed."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            status = status_of(name)
+        while True:  # the reports are read from the database: off the event loop
+            status = await run_in_threadpool(status_of, name)
             if status["state"] in ("ready", "failed") or time.monotonic() >= deadline:
                 return status
             await asyncio.sleep(POLL_S)

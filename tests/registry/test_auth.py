@@ -48,7 +48,7 @@ def routes(home: Path) -> list[tuple[str, str]]:
     return found
 
 
-OPEN = {"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+OPEN = {"/health", "/leadership", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
 
 
 def test_every_route_but_health_answers_401_without_or_with_a_bad_token(stack, tmp_path):

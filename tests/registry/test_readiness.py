@@ -1,10 +1,20 @@
-"""The control plane's readiness book: how worker and Triton reports add up to an endpoint's state."""
+"""The control plane's readiness book: how worker and Triton reports add up to an endpoint's state
+(the reports in the database: SQLite and PostgreSQL)."""
 from __future__ import annotations
 
 import pytest
 
+from registry.db import make_engine, session_factory, upgrade
 from registry.errors import NotFound
 from registry.readiness import EndpointState, ReadinessBook, ReadinessReport
+
+
+@pytest.fixture
+def sessions(database_url):
+    engine = make_engine(database_url)
+    upgrade(engine)
+    yield session_factory(engine)
+    engine.dispose()
 
 
 class Clock:
@@ -24,9 +34,9 @@ def worker(source: str, revision: int, state: str, error: str | None = None) -> 
         "w": EndpointState(state=state, error=error, serving=[[3, 100.0, "stable"]] if state == "ready" else [])})
 
 
-def test_ready_only_when_every_live_process_applied_the_revision_and_routes_to_it():
+def test_ready_only_when_every_live_process_applied_the_revision_and_routes_to_it(sessions):
     clock = Clock()
-    book = ReadinessBook(ttl_s=15, clock=clock)
+    book = ReadinessBook(sessions, ttl_s=15, clock=clock)
     assert book.endpoint_status("w", SNAPSHOT)["state"] == "unknown"  # nobody reports
     book.put(worker("worker:a:1", 7, "ready"))
     book.put(worker("worker:a:2", 6, "ready"))  # behind: its "ready" is about revision 6
@@ -40,8 +50,8 @@ def test_ready_only_when_every_live_process_applied_the_revision_and_routes_to_i
     assert book.summary(SNAPSHOT)["w"] == {"state": "ready", "error": None, "workers": 2, "ready_workers": 2}
 
 
-def test_a_failure_shows_but_only_for_the_current_revision():
-    book = ReadinessBook(clock=Clock())
+def test_a_failure_shows_but_only_for_the_current_revision(sessions):
+    book = ReadinessBook(sessions, clock=Clock())
     book.put(worker("worker:a:1", 6, "failed", "RuntimeException: bad graph"))  # an older definition's failure
     assert book.endpoint_status("w", SNAPSHOT)["state"] == "pending"
     book.put(worker("worker:a:1", 7, "failed", "RuntimeException: bad graph"))
@@ -49,8 +59,8 @@ def test_a_failure_shows_but_only_for_the_current_revision():
     assert status["state"] == "failed" and status["error"] == "RuntimeException: bad graph"
 
 
-def test_a_triton_load_failure_of_one_of_the_endpoints_models_fails_it():
-    book = ReadinessBook(clock=Clock())
+def test_a_triton_load_failure_of_one_of_the_endpoints_models_fails_it(sessions):
+    book = ReadinessBook(sessions, clock=Clock())
     book.put(worker("worker:a:1", 7, "pending"))
     book.put(ReadinessReport(source="triton:a:9", kind="triton", revision=7, failures={"other_v1": "x"}))
     assert book.endpoint_status("w", SNAPSHOT)["state"] == "pending"  # not this endpoint's model
@@ -61,9 +71,9 @@ def test_a_triton_load_failure_of_one_of_the_endpoints_models_fails_it():
     assert status["error"] == "Triton could not load clf_v3: load failed: NoSuchOperator"
 
 
-def test_silent_and_departed_processes_are_forgotten():
+def test_silent_and_departed_processes_are_forgotten(sessions):
     clock = Clock()
-    book = ReadinessBook(ttl_s=15, clock=clock)
+    book = ReadinessBook(sessions, ttl_s=15, clock=clock)
     book.put(worker("worker:a:1", 7, "ready"))
     book.put(worker("worker:a:2", 7, "pending"))
     clock.now += 10
@@ -74,6 +84,6 @@ def test_silent_and_departed_processes_are_forgotten():
     assert book.endpoint_status("w", SNAPSHOT)["state"] == "unknown"
 
 
-def test_unknown_endpoint_is_a_404():
+def test_unknown_endpoint_is_a_404(sessions):
     with pytest.raises(NotFound):
-        ReadinessBook().endpoint_status("nope", SNAPSHOT)
+        ReadinessBook(sessions).endpoint_status("nope", SNAPSHOT)

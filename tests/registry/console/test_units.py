@@ -146,3 +146,25 @@ def test_an_answer_shows_as_json_text_or_its_size():
     assert readable(b"\xff\xfe", "") == "2 bytes of an unnamed content type"
     assert readable(b"", "") == "(an empty body)"
     assert size_words(1_048_576) == "1,048,576 bytes (1 MiB)" and size_words(999) == "999 bytes"
+
+
+def test_the_workers_page_shows_an_engine_scaled_to_zero_one_waking_and_the_last_cold_start():
+    """The launcher's readiness report (kind llm) carries each engine's state (serving/llm/kube/engines.py
+    ``readiness``); the page says it in words. Rendered from the template as the console does."""
+    from jinja2 import Environment, FileSystemLoader
+
+    from registry.console.app import HERE
+    from registry.readiness import ReadinessReport
+
+    report = ReadinessReport.model_validate({"source": "llm-1", "kind": "llm", "engines": {
+        "chat:1": {"state": "scaled_to_zero", "scale_to_zero_after_s": 300, "cold_start_s": 27.4},
+        "chat:2": {"state": "starting", "waking": True, "scale_to_zero_after_s": 60},
+        "big:1": {"state": "ready", "replicas": 2}}})
+    env = Environment(loader=FileSystemLoader(str(HERE / "templates")), autoescape=True)
+    html = env.get_template("workers.html").render(session=None, flash=None, revision=3, page="workers",
+                                                    reports=[{**report.model_dump(), "age_s": 1.0}])
+    text = " ".join(html.split())
+    assert "engine chat:1: <strong class=\"engine-state\">scaled to zero</strong>; to zero after 300 s idle; " \
+           "last cold start 27.4 s" in text
+    assert "engine chat:2: <strong class=\"engine-state\">starting</strong> (waking); to zero after 60 s idle" in text
+    assert "engine big:1: <strong class=\"engine-state\">ready</strong>, 2 pods" in text
