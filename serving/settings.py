@@ -132,6 +132,10 @@ class WorkerSettings(CommonSettings):
     client_keys_required: bool = False  # /serve and /v2 need a client key (serving key create); compose/Helm: true
     llm_launcher_url: str = "http://127.0.0.1:8004"  # vllm engine: the launcher's /engines map (serving up sets it)
     llm_timeout_s: float = 600.0  # vllm engine: longest wait for an LLM engine's answer or next streamed bytes
+    # vllm engine: requests held per engine and worker process while an engine scaled to zero wakes; more are
+    # a 503 at once, and one held this long a 503 (serving/llm/engines/wake.py)
+    llm_hold_max: int = Field(64, ge=1)
+    llm_hold_s: float = Field(180.0, gt=0)
 
     def resolved_cache(self) -> Path:
         return self.worker_cache or self.home / "worker-config.json"

@@ -27,6 +27,7 @@ from serving.worker.engines.registry import build_engines
 from serving.worker.errors import ServingError, UnknownEndpoint
 from serving.worker.frontends.body import json_response
 from serving.worker.frontends.serve_rest import ServeRoute, error_response, match_serve_path, openapi_paths
+from serving.llm.engines.hold_metrics import HOLD_STATS, collector as held_collector
 from serving.llm.openai.frontend import openai_router
 from serving.embeddings.tei import tei_router
 from serving.worker.frontends.torchserve import torchserve_router
@@ -207,7 +208,8 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
         predictions = _start_prediction_log(settings, dataplane)
         dataplane.feedback_client = _feedback_client(settings, predictions)
         exchange = StatsExchange(lambda: {"versions": dataplane.version_stats.rows(),  # the worker's processes'
-                                          "in_flight": dataplane.in_flight.value}, group())  # statistics and load
+                                          "in_flight": dataplane.in_flight.value,  # statistics and load
+                                          "llm_hold": HOLD_STATS.snapshot()}, group())  # held LLM requests
         await exchange.start()
         dataplane.version_stats.exchange = dataplane.in_flight.exchange = exchange
         reporter = None
@@ -250,7 +252,7 @@ def create_app(settings: WorkerSettings | None = None, snapshot: dict | None = N
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:  # the worker's load: requests in flight (load.py), read for autoscaling
-        return Response(await metrics_text(dataplane.in_flight), media_type=CONTENT_TYPE_LATEST)
+        return Response(await metrics_text(dataplane.in_flight, held_collector), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/status")
     def status() -> dict:

@@ -10,7 +10,7 @@ it too. The processes of one worker are summed through their statistics exchange
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -32,12 +32,17 @@ class InFlight:
     def end(self) -> None:
         self.value -= 1
 
+    async def payloads(self) -> list[Any]:
+        """Every process's exchange payload (this one's alone before the exchange listens)."""
+        return [{"in_flight": self.value}] if self.exchange is None else await self.exchange.gather()
+
     async def worker_total(self) -> tuple[int, int]:
         """(requests in flight, processes answering) for the whole worker."""
-        if self.exchange is None:
-            return self.value, 1
-        payloads = await self.exchange.gather()
-        return sum(int(p.get("in_flight", 0)) for p in payloads), len(payloads)
+        return _total(await self.payloads())
+
+
+def _total(payloads: list[Any]) -> tuple[int, int]:
+    return sum(int(p.get("in_flight", 0)) for p in payloads), len(payloads)
 
 
 class _Snapshot:
@@ -51,8 +56,11 @@ class _Snapshot:
         yield GaugeMetricFamily(PROCESSES, "Processes of this worker that answered", value=self.processes)
 
 
-async def metrics_text(in_flight: InFlight) -> bytes:
-    total, processes = await in_flight.worker_total()
+async def metrics_text(in_flight: InFlight, *more: Callable[[list[Any]], Any]) -> bytes:
+    """``more``: collectors made from the same processes' payloads (the LLM engine's held requests)."""
+    payloads = await in_flight.payloads()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(total, processes))  # type: ignore[arg-type]
+    registry.register(_Snapshot(*_total(payloads)))  # type: ignore[arg-type]
+    for make in more:
+        registry.register(make(payloads))
     return generate_latest(registry)

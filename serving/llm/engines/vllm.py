@@ -13,7 +13,8 @@ serving/llm/routing/replicas.py):
   model version and set of launch options, and maps their key (serving/llm/naming.py:
   ``"<model>:<version>"``, ``@<hash>`` added for options) to each replica's URL and state at
   ``SERVING_LLM_LAUNCHER_URL/engines``. The map is asked again at most once a second, and at once after
-  a connection to an engine failed (a restarted engine may come back elsewhere).
+  a connection to an engine failed (a restarted engine may come back elsewhere). A request for an engine
+  scaled to zero is held while the launcher wakes it (serving/llm/engines/wake.py).
 
 Which replica gets a request is the endpoint's routing policy's choice (``routing`` option,
 serving/llm/routing/policies/); should its connection fail before any byte of the answer, the next replica
@@ -49,6 +50,7 @@ from serving.tracing import spans
 from serving.llm.naming import adapter_name, target_engine
 from serving.worker.errors import BadGateway, BadRequest, GatewayTimeout, ServingError, Unavailable, brief
 from serving.llm.engines.openai_stream import EngineStream, Upstream
+from serving.llm.engines.wake import HoldLimits, Holds, asleep
 from serving.llm.routing.external import ExternalReplicas
 from serving.llm.routing.replicas import Member, ReplicaSet
 from serving.llm.routing.policies.base import Replica, RouteHint
@@ -89,7 +91,8 @@ class VllmEngine:
     kind = "llm"            # the data plane's generation path (llm/relay.py), not infer() or run()
     calls_user_load = False  # ClearML's vllm preprocess builds its engine in load(): never here (docs/llm.md)
 
-    def __init__(self, launcher_url: str, timeout_s: float, counter: PromptCounter) -> None:
+    def __init__(self, launcher_url: str, timeout_s: float, counter: PromptCounter,
+                 hold: HoldLimits | None = None) -> None:
         self.launcher_url = launcher_url.rstrip("/")
         self.timeout_s = timeout_s
         self.tokens = counter
@@ -101,6 +104,7 @@ class VllmEngine:
         self._map_lock = asyncio.Lock()
         self._sets: dict[str, ReplicaSet] = {}               # per engine key, or external url setting
         self._external: dict[str, ExternalReplicas] = {}
+        self.holds = Holds(self.launcher_url, self.session, lambda: self._engines(fresh=True), hold or HoldLimits())
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:  # in the worker's event loop, on first use
@@ -127,13 +131,16 @@ class VllmEngine:
 
     def is_ready(self, target: Target) -> bool:
         """From the readiness gate's thread: external engines by their /health, embedded ones by the
-        launcher's state (``ready`` once the engine's /health answered)."""
+        launcher's state (``ready`` once the engine's /health answered). One scaled to zero (or being woken
+        from it) counts as ready: routed, its requests wake it; left out of the split, nothing would."""
         url = target.engine_options.get("url")
         if url:
             return any(_answers(_health(one)) for one in str(url).split(","))
         try:
             entry = httpx.get(f"{self.launcher_url}/engines", timeout=2.0).json()["engines"].get(served_name(target))
             adapter = adapter_of(target)
+            if asleep(entry):
+                return True
             if adapter is not None:  # loaded on a ready replica
                 return any(m.ready and adapter in m.adapters for m in _members(entry))
             return bool(entry) and entry.get("state") == "ready"
@@ -144,6 +151,7 @@ class VllmEngine:
         return await asyncio.to_thread(self.is_ready, target)
 
     async def close(self) -> None:
+        await self.holds.close()
         for replicas in self._sets.values():
             await replicas.close()
         for session in (self._session, self._fresh):
@@ -178,6 +186,8 @@ class VllmEngine:
         entry = (await self._engines(fresh=False)).get(key)
         if not _serving(entry, adapter):  # the cached map may be older than the engine's start
             entry = (await self._engines(fresh=True)).get(key)
+        if asleep(entry):  # scaled to zero: held until it is ready again
+            entry = await self.holds.wait(key, entry)  # type: ignore[arg-type]
         self._check(key, entry)
         replicas.update(_members(entry))
         return replicas, adapter or key, adapter
@@ -407,4 +417,5 @@ def _refused(status: int, raw: bytes, up: Upstream, target: Target, public: str)
 
 def create(settings: Any, artifact_path: Callable[[str], Path]) -> VllmEngine:
     counter = PromptCounter(artifact_path, settings.home / "cache" / "llm-tokenizers")
-    return VllmEngine(settings.llm_launcher_url, settings.llm_timeout_s, counter)
+    return VllmEngine(settings.llm_launcher_url, settings.llm_timeout_s, counter,
+                      HoldLimits(settings.llm_hold_max, settings.llm_hold_s))

@@ -274,10 +274,15 @@ class KubeEngines:
             return {"engines": views}
 
     def readiness(self) -> dict[str, Any]:
+        """Engines that cannot serve, with why; and each engine's state for the console (registry/readiness.py)."""
         views = self.view()["engines"]
         with self.lock:
             failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
-            return {"revision": self.revision, "failures": failures}
+            engines = {k: {"state": v["state"], "waking": bool(v.get("waking")),
+                           "replicas": len([r for r in v["replicas"] if r["state"] == "ready"]),
+                           "scale_to_zero_after_s": v.get("scale_to_zero_after_s"),
+                           "cold_start_s": v.get("cold_start_s")} for k, v in views.items()}
+            return {"revision": self.revision, "failures": failures, "engines": engines}
 
     def close(self) -> None:
         """Nothing to stop: the engines are the cluster's, and a restarted control plane adopts them."""
