@@ -13,12 +13,13 @@ from sqlalchemy import func, inspect, select
 
 from registry import readiness
 from registry.api import create_app
-from registry.db import make_engine, migrations, session_factory, upgrade
+from registry.db import make_engine, migrations
 from registry.orm import ReadinessRecord
 from registry.readiness import ReadinessBook, ReadinessReport
 from serving.settings import ControlPlaneSettings
 from tests.registry.test_api import add_model, tiny_onnx
 from tests.support.auth import headers
+from tests.registry.test_readiness import sessions  # noqa: F401 (one database per test, migrated)
 
 
 class Clock:
@@ -139,15 +140,7 @@ def test_a_gone_report_through_one_replica_removes_it_from_the_others_view(plane
     assert a.sources() == []
 
 
-@pytest.fixture
-def sessions(database_url):
-    engine = make_engine(database_url)
-    upgrade(engine)
-    yield session_factory(engine)
-    engine.dispose()
-
-
-def test_one_row_a_source_when_replicas_write_it_at_once(sessions):
+def test_one_row_a_source_when_replicas_write_it_at_once(sessions):  # noqa: F811
     books = [ReadinessBook(sessions), ReadinessBook(sessions)]
 
     def heartbeats(book: ReadinessBook) -> None:
@@ -162,7 +155,7 @@ def test_one_row_a_source_when_replicas_write_it_at_once(sessions):
     assert [(r.source, r.revision) for _, r in books[1].live()] == [("worker:x:1", 39)]
 
 
-def test_the_table_is_bounded_the_oldest_going_first(sessions, monkeypatch):
+def test_the_table_is_bounded_the_oldest_going_first(sessions, monkeypatch):  # noqa: F811
     monkeypatch.setattr(readiness, "MAX_SOURCES", 3)
     clock = Clock(1000.0)
     book = ReadinessBook(sessions, clock=clock)
