@@ -63,20 +63,23 @@ class IdleClocks:
         self._engines: dict[str, _Clock] = {}
 
     def observe(self, key: str, pods: list[dict[str, Any]]) -> None:
-        """Look at the engine's ready pods (``GET /engines``' replicas); active when any has a request in
-        its queue, finished one since the last look, or does not answer (it may be busy: never sleep on doubt)."""
+        """Look at the engine's ready pods (``GET /engines``' replicas). It is active when it has none ready
+        yet (starting is not idling), or a pod has a request in its queue, finished one since the last look,
+        is seen for the first time, or does not answer (it may be busy): never sleep on doubt."""
         now = self.clock()
         c = self._engines.setdefault(key, _Clock(now))
+        ready = [p for p in pods if p.get("state") == "ready" and p.get("url")]
+        if not ready:
+            c.active_at, c.finished = now, {}
+            return
         seen: dict[str, float] = {}
-        for pod in pods:
-            if pod.get("state") != "ready" or not pod.get("url"):
-                continue
+        for pod in ready:
             text = self.read(pod["url"])
             if text is None:
                 c.active_at = now
                 continue
             seen[pod["id"]] = done = finished(text)
-            if engine_queue(text) > 0 or done != c.finished.get(pod["id"], done):
+            if engine_queue(text) > 0 or c.finished.get(pod["id"]) != done:
                 c.active_at = now
         c.finished = seen
 

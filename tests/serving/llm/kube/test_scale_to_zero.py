@@ -181,3 +181,23 @@ def test_only_the_launcher_that_acts_changes_the_cluster_and_another_ones_wake_r
     assert tick(leader)["state"] == "ready"
     now[0] += 20  # the leader's own clock last saw work long ago: the wake time counts as work
     assert tick(leader)["state"] == "ready" and api.deployments[NAME]["spec"]["replicas"] == 1
+
+
+def test_a_slow_start_is_not_idle_time_and_a_pod_first_seen_counts_as_working():
+    """The cluster run found it: the idle clock ran from the engine's creation through its 30 s start, and a
+    pod first seen with its first request already finished looked unchanged, so the engine slept at once."""
+    api, pods, now = StandInAPI(), Engines(), [time.time()]
+    one = launcher(api, pods, now)
+    tick(one)
+    for _ in range(4):  # 40 s starting: no pod ready yet
+        now[0] += 10
+        assert tick(one)["state"] == "starting"
+    api.ready_at[NAME] = now[0]
+    pods.done = 1  # its first request came and went before the launcher's first look at the pod
+    now[0] += 2
+    assert tick(one)["state"] == "ready"
+    now[0] += 29
+    assert tick(one)["state"] == "ready" and api.deployments[NAME]["spec"]["replicas"] == 1
+    now[0] += 2
+    tick(one)
+    assert api.deployments[NAME]["spec"]["replicas"] == 0  # idle 31 s since it was first seen working
