@@ -9,12 +9,15 @@ Service answers the OpenAI API with transformers' greedy generate's own tokens. 
 launcher, ``llmEngines.autoscaling``) scales it on its waiting requests, read by the control plane's external
 metrics API from that engine's pods: a step load of 1, then 6, then 1 clients (the engine takes one sequence at
 a time, so the others wait) takes it from 1 to 2 pods and back, every answer equal to greedy generate's, none
-lost. A LoRA adapter of the version joins its engine by a rolling update, the base answering meanwhile.
-`serving endpoint remove` deletes the Deployment, its Service and its HPA. Times are printed.
+lost. A LoRA adapter of the version joins its engine by a rolling update, the base answering meanwhile. A version
+deployed with ``scale_to_zero_after_s`` goes to zero pods once idle; the next requests are held by the workers,
+which wake it, and answered as greedy generate answers; past a worker's bound they get 503 with Retry-After; the
+cold start is printed. `serving endpoint remove` deletes the Deployment, its Service and its HPA. Times are printed.
 """
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import httpx
@@ -34,12 +37,14 @@ pytestmark = pytest.mark.timeout(2400)  # a first build of the vLLM image: about
 
 MOST, PER_REPLICA = 2, 2
 UP_WITHIN_S, DOWN_WITHIN_S = 300, 150
+IDLE_S, HOLD_MAX = 20, 4  # the idle engine's scale_to_zero_after_s; the requests one worker process holds
 
 
 @pytest.fixture(scope="module")
 def release(kube_cluster, platform_images_in_node, tmp_path_factory):
     image = build_vllm_image(kube_cluster)
     values = engine_values(image, most=MOST, per_replica=PER_REPLICA)
+    values["worker"] = {"extraEnv": [{"name": "SERVING_LLM_HOLD_MAX", "value": str(HOLD_MAX)}]}
     with installed(kube_cluster, platform_images_in_node, tmp_path_factory.mktemp("llm-engines"), values) as rel:
         yield rel
 
@@ -59,10 +64,10 @@ def engine_services(release) -> list[dict]:
     return release.cluster.get("services", "-n", NS, "-l", ENGINE_LABEL)["items"]
 
 
-def launcher_entry(release) -> dict:
+def launcher_entry(release, key: str = "tiny-llm:1") -> dict:
     """The launcher's map (GET /engines on the control plane's Service): where the workers find the engine."""
     with httpx.Client(base_url=release.service_url("control-plane", 8004), timeout=10) as client:
-        return client.get("/engines").json()["engines"]["tiny-llm:1"]
+        return client.get("/engines").json()["engines"][key]
 
 
 def test_a_version_deployed_with_the_cli_gets_an_engine_of_its_own_that_answers_as_greedy_generate(
@@ -193,6 +198,81 @@ def test_an_adapter_joins_its_bases_engine_by_a_rolling_update_and_answers_as_me
     assert command[command.index("--lora-modules") + 1].startswith("support-bot:1=")
     print(f"\nadapter in its base's engine: answering {ready_s:.0f} s after `model add` (a new pod started with it); "
           f"meanwhile the base answered {len(outcomes)} of {len(outcomes)} requests as itself")
+
+
+def test_an_idle_engine_goes_to_zero_and_the_requests_that_wake_it_are_held_and_answered(release, llm):
+    """``--aux-config scale_to_zero_after_s=20``: the version's own engine (another model name, so another engine)
+    goes to zero pods after 20 s without a request. Then 6 requests at once to one worker pod and 3 to the other:
+    each worker holds up to HOLD_MAX and wakes the engine; the 2 past the bound get 503 with Retry-After at once
+    (OpenAI's error shape); the 7 held are answered as greedy generate answers once the engine is back."""
+    from transformers import AutoTokenizer
+
+    release.cli("model", "upload", "--name", "tiny-idle", "--path", str(llm.path))
+    release.cli("model", "add", "--engine", "vllm", "--endpoint", "idle", "--model", "tiny-idle:1",
+                "--aux-config", f"scale_to_zero_after_s={IDLE_S}")
+    (key,) = re.findall(r"\bsk_[0-9a-f]{64}\b", release.cli("key", "create", "--name", "idle", "--endpoints",
+                                                             "idle").stdout)
+    messages = [{"role": "user", "content": "when does an idle engine sleep"}]
+    tokenizer = AutoTokenizer.from_pretrained(str(llm.path))
+    want = tokenizer.decode(greedy_reference(llm.path, chat_prompt_ids(tokenizer, messages), MAX_TOKENS))
+    body = {"model": "idle", "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0}
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def ask(base: str) -> httpx.Response:
+        with httpx.Client(base_url=base, timeout=400, headers=headers) as client:
+            return client.post("/serve/openai/v1/chat/completions", json=body)
+
+    service = release.service_url("worker", 9090)
+    wait_until(lambda: ask(service).status_code == 200, 900, "the idle endpoint's first answer", interval=3,
+               on_timeout=release.describe)
+    engine = lambda: launcher_entry(release, "tiny-idle:1")  # noqa: E731
+    start = time.monotonic()
+    wait_until(lambda: engine()["state"] == "scaled_to_zero", 180, "the idle engine scaled to zero", interval=1,
+               on_timeout=release.describe)
+    asleep_s = time.monotonic() - start
+    assert asleep_s >= IDLE_S - 3, f"asleep {asleep_s:.0f} s after its last answer: idle time is counted wrong"
+    (dep,) = [d for d in engines(release) if d["metadata"]["annotations"][KEY_ANNOTATION] == "tiny-idle:1"]
+    assert dep["spec"]["replicas"] == 0
+    wait_until(lambda: not [p for p in engine_pods(release) if p["metadata"]["labels"]["serving.io/engine"]
+                            == dep["metadata"]["name"]], 120, "the idle engine's pod gone", interval=1)
+
+    workers = [f"http://{p['status']['podIP']}:9090" for p in release.pods("worker")]
+    replies: list[tuple[float, httpx.Response]] = []
+    woken = time.monotonic()
+
+    def one(base: str) -> None:
+        reply = ask(base)
+        replies.append((time.monotonic() - woken, reply))
+
+    threads = [threading.Thread(target=one, args=(workers[0],)) for _ in range(HOLD_MAX + 2)]
+    threads += [threading.Thread(target=one, args=(workers[1],)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    refused = [(s, r) for s, r in replies if r.status_code == 503]
+    answered = [(s, r) for s, r in replies if r.status_code == 200]
+    assert len(replies) == len(threads) and len(refused) == 2 and len(answered) == len(threads) - 2, \
+        [(s, r.status_code, r.text[:200]) for s, r in replies]
+    for s, r in refused:  # at once, in OpenAI's shape, saying why and when to come back
+        assert s < 10 and int(r.headers["Retry-After"]) >= 1, (s, r.headers)
+        error = r.json()["error"]
+        assert error["code"] == "engine_unavailable" and "already waiting" in error["message"], r.text
+    texts = [r.json()["choices"][0]["message"]["content"] for _, r in answered]
+    assert all(same_text(t, want) for t in texts), (texts, want)
+    entry = engine()
+    cold = entry.get("cold_start_s")
+    assert entry["state"] == "ready" and cold is not None and 0 < cold < 600, entry
+    metrics = httpx.get(f"{release.service_url('control-plane', 8004)}/metrics", timeout=10).text
+    assert 'serving_llm_cold_start_seconds_count{endpoint="idle",version="1"}' in metrics
+    print(f"\nscale to zero: the idle engine at zero {asleep_s:.0f} s after its last answer "
+          f"(scale_to_zero_after_s={IDLE_S}); {len(threads)} requests while asleep: {len(answered)} held and answered "
+          f"as greedy generate (first after {min(s for s, _ in answered):.1f} s, last after "
+          f"{max(s for s, _ in answered):.1f} s), {len(refused)} past the bound answered 503 with Retry-After in "
+          f"{max(s for s, _ in refused):.2f} s, 0 lost; cold start (wake call to Ready pod) {cold:.1f} s")
+    release.cli("endpoint", "remove", "--endpoint", "idle")
+    wait_until(lambda: len(engines(release)) == 1, 60, "the idle engine's Deployment deleted", interval=0.5)
+    release.cli("model", "remove", "--name", "tiny-idle", "--version", "1")
 
 
 def test_removing_the_version_deletes_its_engine(release, deployed):
