@@ -78,8 +78,8 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
         leadership.start()
         controller = RolloutController(rollouts, settings.rollout_tick_s, leads=lambda: leadership.is_leader).start()
         yield
+        leadership.stop()  # first: another replica leads within its period, while this one finishes stopping
         controller.stop()
-        leadership.stop()  # another replica leads within its period
         if listener is not None:
             listener.stop()
         watcher.cancel()

@@ -599,3 +599,36 @@ def test_keda_values_render_scaled_objects_on_the_same_signals_in_place_of_the_h
 def test_keda_and_the_metrics_api_together_are_refused():
     with pytest.raises(Exception, match="one APIService"):
         manifests("keda", "metricsApi: {enabled: true}")
+
+
+def test_two_control_planes_on_postgresql_roll_one_at_a_time_keep_one_in_a_disruption_and_only_the_leader_acts():
+    """controlPlane.replicas=2 (docs/high-availability.md): rolling, one PodDisruptionBudget keeping one, the
+    Service keeping a browser on the replica its console session lives in, the launcher asking its own control
+    plane whether it leads; one control plane stays Recreate as before; SQLite with two refuses to render."""
+    import helm_python as helm
+    import kubernetes_validate
+
+    overrides = {"controlPlane": {"replicas": 2}, "llmEngines": {"enabled": True}}
+    docs = manifests("default", yaml.safe_dump(overrides))
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    (dep,) = [d for d in find(docs, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    (svc,) = [s for s in find(docs, "Service") if s["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    assert svc["spec"]["sessionAffinity"] == "ClientIP"
+    (pdb,) = [p for p in find(docs, "PodDisruptionBudget") if p["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    launcher = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "llm-launcher")
+    port = dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert {"name": "SERVING_LLM_LEADER_URL", "value": f"http://127.0.0.1:{port}/leadership"} in launcher["env"]
+    main = dep["spec"]["template"]["spec"]["containers"][0]
+    assert main["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+
+    one = manifests("default")
+    (dep,) = [d for d in find(one, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-serving-control-plane"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [p for p in find(one, "PodDisruptionBudget") if "control-plane" in p["metadata"]["name"]]
+    with pytest.raises(helm.HelmError, match="controlPlane.replicas > 1 needs PostgreSQL"):
+        rendered_files("default", yaml.safe_dump({"controlPlane": {"replicas": 2}, "postgresql": {"enabled": False}}))

@@ -18,6 +18,12 @@ onnxruntime's for its text) and its counts printed per step:
    may fail, and are counted.
 6. The control-plane pod deleted: the workers keep answering (no request lost), reconnect, and a
    canary added once it is back reaches every worker; the models and artifacts are still there.
+7. Two control planes (``controlPlane.replicas=2`` on the chart's PostgreSQL; docs/high-availability.md): one
+   leads; a rollout of the canary is started, and the leader's pod is deleted mid-rollout: another (the other
+   replica, or the deleted one's replacement when it is up first) takes
+   over within seconds and the rollout finishes once (each step in its history once), no request lost, and
+   the CLI and the console answer through the Service throughout. A change made through either replica
+   reaches every worker (each pod's /status revision) within a second.
 
 A connection refused (nothing was sent) is tried again by the load, for up to 15 s, each attempt
 counted as "retried"; any other failure, or a connection still refused after that, is "lost". The
@@ -29,6 +35,8 @@ import hashlib
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -403,3 +411,104 @@ def test_6_the_control_plane_pod_deleted(release, expected, tiny_model):
     sha = models[0]["sha256"]
     body = control_plane_get(release, f"/artifacts/{sha}").content
     assert hashlib.sha256(body).hexdigest() == sha
+
+
+def leads(pod: dict) -> bool | None:
+    try:
+        return bool(httpx.get(f"http://{pod['status']['podIP']}:8080/leadership", timeout=3).json()["leader"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def worker_revisions(release: Release) -> set[int]:
+    return {httpx.get(f"http://{p['status']['podIP']}:9090/status", timeout=5).json()["revision"]
+            for p in running_pods(release, "worker")}
+
+
+class Probes:
+    """The CLI (``serving endpoint list``) and the console's sign-in page through the control plane's Service,
+    one after the other until stopped: what an operator sees during a failover."""
+
+    def __init__(self, release: Release) -> None:
+        self.release, self.ok, self.failed = release, 0, []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        console = self.release.service_url("control-plane", 8080) + "/console/signin"
+        while not self.stopping.is_set():
+            try:
+                self.release.cli("endpoint", "list")
+                page = httpx.get(console, timeout=10)
+                assert page.status_code == 200, page.status_code
+                self.ok += 1
+            except (AssertionError, httpx.HTTPError) as exc:
+                self.failed.append(f"{time.strftime('%H:%M:%S')} {exc}"[:300])
+            time.sleep(0.5)
+
+    def __enter__(self) -> "Probes":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        self.thread.join(60)
+
+
+def test_7_two_control_planes_the_leader_deleted_mid_rollout(release, expected):
+    release.helm("upgrade", RELEASE, str(release_chart()), "--reuse-values", "--set", "controlPlane.replicas=2",
+                 "--wait", "--timeout", "6m", timeout=450)
+    pods = wait_pods_ready(release, "control-plane", 2)
+    wait_until(lambda: sorted(leads(p) for p in pods) == [False, True], 30, "one control plane leading",
+               interval=0.5, on_timeout=lambda: str([leads(p) for p in pods]))
+    (leader,) = [p for p in pods if leads(p)]
+    (other,) = [p for p in pods if p is not leader]
+    with Load(release, expected) as load, Probes(release) as probes:
+        settle(2)
+        release.cli("rollout", "start", "--endpoint", "clf", "--model", "clf:2", "--steps", "25,50,100",
+                    "--interval", "10s")
+        rollout = lambda: control_plane_get(release, "/rollouts?endpoint=clf").json()[0]  # noqa: E731
+        wait_until(lambda: rollout()["step"] >= 1, 120, "the rollout's first step passed", interval=0.5,
+                   on_timeout=lambda: str(rollout()))
+        deleted = time.monotonic()
+        release.cluster.kubectl("delete", "pod", "-n", NS, leader["metadata"]["name"], "--wait=false")
+        successor: list[str] = []
+
+        def taken_over() -> bool:  # the other replica, or the pod replacing the deleted one if it is first
+            successor[:] = [p["metadata"]["name"] for p in running_pods(release, "control-plane")
+                            if p["metadata"]["name"] != leader["metadata"]["name"] and p["status"].get("podIP")
+                            and leads(p)]
+            return bool(successor)
+        wait_until(taken_over, 60, "another control plane leading", interval=0.2,
+                   on_timeout=lambda: str([(p["metadata"]["name"], leads(p)) for p in release.pods("control-plane")]))
+        takeover_s = time.monotonic() - deleted
+        wait_until(lambda: rollout()["state"] != "running", 180, "the rollout finished", interval=1,
+                   on_timeout=lambda: str(rollout()))
+        pods = wait_pods_ready(release, "control-plane", 2, exclude={leader["metadata"]["name"]})
+        settle(3)
+    counts, done = load.snapshot(), rollout()
+    passed = [e["step"] for e in done["history"] if e["event"] == "gates passed"]
+    who = "the other replica" if successor == [other["metadata"]["name"]] else "its replacement"
+    record("7 leader deleted mid-rollout", counts, f"{who} led {takeover_s:.1f} s after the delete; rollout "
+           f"{done['state']}, steps passed {passed}; CLI and console {probes.ok} ok, {len(probes.failed)} failed")
+    assert done["state"] == "succeeded", done
+    assert passed == sorted(set(passed)) and passed == [1, 2], done["history"]  # each step once, none lost
+    assert sum(e["event"].startswith("promoted") for e in done["history"]) == 1, done["history"]
+    assert counts.lost == 0 and counts.wrong == 0, counts
+    assert probes.ok and not probes.failed, probes.failed
+    assert takeover_s < 30, takeover_s
+
+    # a change through either replica reaches every worker within a second (NOTIFY; the workers stream from both)
+    latencies = []
+    for pod in pods * 2:
+        revision = max(worker_revisions(release))
+        url = f"http://{pod['status']['podIP']}:8080"
+        out = subprocess.run([sys.executable, "-m", "serving.cli.main", "--control-plane", url, "endpoint", "log",
+                              "--endpoint", "clf", "--sample", f"{len(latencies) + 1}%"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "SERVING_TOKEN": release.admin_token})
+        assert out.returncode == 0, out.stdout + out.stderr
+        start = time.monotonic()
+        wait_until(lambda: min(worker_revisions(release)) > revision, 10, "the change on every worker", interval=0.05)
+        latencies.append(time.monotonic() - start)
+    print(f"\nchanges through either control plane on every worker after {[round(x, 2) for x in latencies]} s")
+    assert max(latencies) < 1.0, latencies
