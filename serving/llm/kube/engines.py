@@ -56,6 +56,11 @@ class Made:
     asleep: bool = False
     woken_at: float | None = None  # the last wake call's Unix time (idle.py WOKEN_ANNOTATION)
 
+    @classmethod
+    def of(cls, body: dict[str, Any], current: dict[str, Any] | None) -> "Made":
+        """``body``: the Deployment as it should be; ``current``: as the API had it (None: not made yet)."""
+        return cls(_hash(body), _asleep(current), _woken_at(current))
+
 
 class KubeEngines:
     def __init__(self, api: InCluster, template: EngineTemplate, kv_cache_gb: float | None = None,
@@ -97,11 +102,12 @@ class KubeEngines:
         self._due = time.monotonic() + RECONCILE_S
         with self.lock:
             wanted = dict(self.wanted)
+        acts = self.acts()  # asked once a tick: a reconcile and a sleep decision of the same leader
         try:
             with self._writes:
-                made = self._reconcile(wanted, write=self.acts())
+                made = self._reconcile(wanted, write=acts)
             views = self._read(wanted, made)
-            if self.acts():
+            if acts:
                 self._sleep_idle(wanted, views, made)
             error = None
         except KubeError as exc:  # the pods go on serving: keep the last map read, and say why it is old
@@ -125,8 +131,7 @@ class KubeEngines:
                 self.api.get(f"/apis/apps/v1/namespaces/{ns}/deployments", params)["items"]}
         desired = {manifests.engine_name(t.release, k): spec for k, spec in wanted.items()}
         if not write:
-            return {name: Made(_hash(self._body(spec, have.get(name))), self._asleep(have.get(name)),
-                               _woken_at(have.get(name))) for name, spec in desired.items()}
+            return {name: Made.of(self._body(spec, have.get(name)), have.get(name)) for name, spec in desired.items()}
         services = {s["metadata"]["name"] for s in self.api.get(f"/api/v1/namespaces/{ns}/services", params)["items"]}
         made = {name: self._ensure(name, spec, have.get(name), name in services) for name, spec in desired.items()}
         for name in sorted(set(have) - set(desired)):
@@ -139,26 +144,19 @@ class KubeEngines:
         self._reconcile_hpas(desired, params)
         return made
 
-    def _asleep(self, current: dict[str, Any] | None) -> bool:
-        """Scaled to zero, and no wake since (a wake removes the annotation)."""
-        return bool(current) and ASLEEP_ANNOTATION in (current["metadata"].get("annotations") or {})
-
     def _body(self, spec: EngineSpec, current: dict[str, Any] | None) -> dict[str, Any]:
         body = manifests.owned(manifests.deployment(spec, self.template, self.kv_cache_gb), self._owner)
-        woken = ((current or {}).get("metadata", {}).get("annotations") or {}).get(WOKEN_ANNOTATION)
-        if woken is not None:  # a replacement keeps when it was last woken (cold starts, idle clocks)
-            body["metadata"]["annotations"][WOKEN_ANNOTATION] = woken
-        if self._asleep(current):
+        kept = {k: v for k, v in _annotations(current).items() if k in (WOKEN_ANNOTATION, ASLEEP_ANNOTATION)}
+        body["metadata"]["annotations"].update(kept)  # a replacement keeps when it was last woken, or that it sleeps
+        if _asleep(current):
             body["spec"]["replicas"] = 0
-            body["metadata"]["annotations"][ASLEEP_ANNOTATION] = current["metadata"]["annotations"][ASLEEP_ANNOTATION]
         return body
 
     def _ensure(self, name: str, spec: EngineSpec, current: dict[str, Any] | None, has_service: bool) -> Made:
         """The engine's Deployment and Service as they should be."""
         ns = self.api.namespace
         body = self._body(spec, current)
-        asleep = self._asleep(current)
-        autoscaled = self.template.autoscaling is not None and not asleep  # asleep: the HPA does nothing at 0
+        autoscaled = self.template.autoscaling is not None and not _asleep(current)  # the HPA does nothing at 0
         if current is None:
             if autoscaled:  # the HPA takes the count from here
                 body["spec"]["replicas"] = self.template.autoscaling.min_replicas
@@ -173,7 +171,7 @@ class KubeEngines:
         if not has_service:
             self.api.request("POST", f"/api/v1/namespaces/{ns}/services",
                              manifests.owned(manifests.service(spec, self.template), self._owner))
-        return Made(_hash(body), asleep, _woken_at(current))
+        return Made.of(body, current)
 
     # --- scale to zero (idle.py) ------------------------------------------------------------
     def _sleep_idle(self, wanted: dict[str, EngineSpec], views: dict[str, dict[str, Any]],
@@ -288,8 +286,17 @@ class KubeEngines:
         """Nothing to stop: the engines are the cluster's, and a restarted control plane adopts them."""
 
 
+def _annotations(obj: dict[str, Any] | None) -> dict[str, str]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
 def _hash(body: dict[str, Any]) -> str | None:
-    return (body["metadata"].get("annotations") or {}).get(manifests.HASH_ANNOTATION)
+    return _annotations(body).get(manifests.HASH_ANNOTATION)
+
+
+def _asleep(current: dict[str, Any] | None) -> bool:
+    """Scaled to zero, and no wake since (a wake removes the annotation)."""
+    return ASLEEP_ANNOTATION in _annotations(current)
 
 
 def _differs(current: dict[str, Any], body: dict[str, Any], count: bool = True) -> bool:
@@ -299,7 +306,7 @@ def _differs(current: dict[str, Any], body: dict[str, Any], count: bool = True) 
 
 def _woken_at(current: dict[str, Any] | None) -> float | None:
     try:
-        return float(((current or {}).get("metadata", {}).get("annotations") or {})[WOKEN_ANNOTATION])
+        return float(_annotations(current)[WOKEN_ANNOTATION])
     except (KeyError, ValueError):
         return None
 
