@@ -121,10 +121,13 @@ def sign_in(driver, console_url: str, token: str) -> None:
                on_timeout=lambda: driver.find_element(By.TAG_NAME, "body").text[:1500])
 
 
+REPLACED_DOCUMENT = ("does not belong to the document", "No node with given id found")
+
+
 def shown(driver, element_id: str, containing: str = "", timeout: float = 30.0):
     """The element once the page a click started shows it (with ``containing`` in its text): a click
     returns before the next page has replaced this one."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
 
     def found():
@@ -134,6 +137,11 @@ def shown(driver, element_id: str, containing: str = "", timeout: float = 30.0):
                     return element
         except StaleElementReferenceException:  # the old page's element, replaced meanwhile
             pass
+        except WebDriverException as exc:
+            # Chromium reports the same race this way when the next page replaces the document
+            # between finding the element and reading its text.
+            if not any(m in str(exc) for m in REPLACED_DOCUMENT):
+                raise
         return None
 
     return wait_until(found, timeout=timeout, what=f"#{element_id} showing {containing!r}",
