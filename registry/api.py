@@ -88,6 +88,7 @@ def create_app(settings: ControlPlaneSettings | None = None) -> FastAPI:
     rollouts = Rollouts(registry, _rollout_metrics(settings))
     app = FastAPI(title="serving control plane", lifespan=lifespan)
     app.state.registry, app.state.broadcaster, app.state.leadership = registry, broadcaster, leadership
+    app.state.db_sessions = sessions  # the console's sign-in sessions live in the same database
     _errors(app)
     auth.install(app, sessions, settings)  # before any route: each one added after checks a token
     audit.install(app, sessions)

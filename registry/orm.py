@@ -3,12 +3,22 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Text, Boolean, DateTime, Float, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def stamp(seconds: float) -> datetime:
+    """A time in seconds since the epoch, as the tables store it (UTC)."""
+    return datetime.fromtimestamp(seconds, timezone.utc)
+
+
+def seconds_of(at: datetime) -> float:
+    """A stored time in seconds since the epoch: SQLite hands it back without its zone; it was stored in UTC."""
+    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
 
 
 class Base(DeclarativeBase):
@@ -172,3 +182,19 @@ class ReadinessRecord(Base):
     revision: Mapped[int] = mapped_column(Integer)
     report: Mapped[dict] = mapped_column(JSON)  # the report as posted (ReadinessReport)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class ConsoleSessionRecord(Base):
+    """A console sign-in session (registry/console/sessions.py), in the database so that every control-plane
+    replica knows it. Holds no session id and no readable token: its key is a hash of the id, and the token is
+    sealed under a key derived from the id, which only the browser's cookie carries."""
+
+    __tablename__ = "console_sessions"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    sealed: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    notice: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)

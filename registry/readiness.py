@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
 from typing import Any, Callable, Literal
 
 from fastapi import APIRouter, Query
@@ -28,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from registry.errors import NotFound
-from registry.orm import ReadinessRecord
+from registry.orm import ReadinessRecord, seconds_of, stamp
 from serving.llm.naming import LLM_ENGINES, adapter_name, lora_base, target_engine
 
 TTL_S = 15.0          # three missed heartbeats (serving/readiness_report.py HEARTBEAT_S)
@@ -81,7 +80,7 @@ class ReadinessBook:
                 session.execute(delete(ReadinessRecord).where(ReadinessRecord.source == report.source))
                 return
             _upsert(session, {"source": report.source, "kind": report.kind, "revision": report.revision,
-                              "report": report.model_dump(mode="json"), "received_at": _stamp(self.clock())})
+                              "report": report.model_dump(mode="json"), "received_at": stamp(self.clock())})
 
     def live(self) -> list[tuple[float, ReadinessReport]]:
         """The reports of processes heard from within ``ttl_s`` (at most ``MAX_SOURCES``, the newest), by
@@ -90,18 +89,18 @@ class ReadinessBook:
         if now - self._pruned_at >= PRUNE_S:
             self._prune(now)
         query = (select(ReadinessRecord.received_at, ReadinessRecord.report)
-                 .where(ReadinessRecord.received_at >= _stamp(now - self.ttl_s))
+                 .where(ReadinessRecord.received_at >= stamp(now - self.ttl_s))
                  .order_by(ReadinessRecord.received_at.desc()).limit(MAX_SOURCES))
         with self.sessions() as session:
             rows = session.execute(query).all()
-        found = [(_seconds(at), ReadinessReport.model_validate(report)) for at, report in rows]
+        found = [(seconds_of(at), ReadinessReport.model_validate(report)) for at, report in rows]
         return sorted(found, key=lambda entry: entry[1].source)
 
     def _prune(self, now: float) -> None:
         """Delete the reports older than the TTL, and the oldest beyond ``MAX_SOURCES``."""
         self._pruned_at = now
         with self.sessions.begin() as session:
-            session.execute(delete(ReadinessRecord).where(ReadinessRecord.received_at < _stamp(now - self.ttl_s)))
+            session.execute(delete(ReadinessRecord).where(ReadinessRecord.received_at < stamp(now - self.ttl_s)))
             if session.scalar(select(func.count()).select_from(ReadinessRecord)) > MAX_SOURCES:
                 kept = (select(ReadinessRecord.source).order_by(ReadinessRecord.received_at.desc())
                         .limit(MAX_SOURCES).scalar_subquery())
@@ -139,14 +138,6 @@ class ReadinessBook:
         return {"endpoint": name, "revision": revision, "state": state, "error": errors[0] if errors else None,
                 "targets": wanted, "workers": workers}
 
-
-def _stamp(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, timezone.utc)
-
-
-def _seconds(at: datetime) -> float:
-    """SQLite hands a timestamp back without its zone; it was stored in UTC."""
-    return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def _upsert(session: Session, values: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 
 from registry.console.api_client import ApiError
 from registry.console.sessions import Session
-from registry.console.web import Console, api_path, back_to, endpoint_page, flash
+from registry.console.web import Console, api_path, back_to, endpoint_page
 
 Form = dict[str, str]
 
@@ -130,9 +130,9 @@ def routes(console: Console) -> APIRouter:
         try:
             await call(console, session, form)
         except ApiError as exc:
-            flash(session, f"{action} refused ({exc.status}): {exc.detail}", ok=False)
+            console.flash(session, f"{action} refused ({exc.status}): {exc.detail}", ok=False)
         else:
-            flash(session, f"{form['endpoint']}: done, {words}")
+            console.flash(session, f"{form['endpoint']}: done, {words}")
         return back_to(endpoint_page(form["endpoint"]))
 
     @router.post("/keys/create", response_class=HTMLResponse)
@@ -151,7 +151,7 @@ def routes(console: Console) -> APIRouter:
                                               json={"name": name, "endpoints": endpoints})
                 secret = made["key"]
         except ApiError as exc:
-            flash(session, f"{kind} {name} refused ({exc.status}): {exc.detail}", ok=False)
+            console.flash(session, f"{kind} {name} refused ({exc.status}): {exc.detail}", ok=False)
             return back_to("/console/keys")
         return console.render(request, "secret.html", session, kind=kind, name=name, secret=secret, page="keys")
 
@@ -167,9 +167,9 @@ def routes(console: Console) -> APIRouter:
         try:
             await console.api.call(session.token, "DELETE", path)
         except ApiError as exc:
-            flash(session, f"revoke {kind} {name} refused ({exc.status}): {exc.detail}", ok=False)
+            console.flash(session, f"revoke {kind} {name} refused ({exc.status}): {exc.detail}", ok=False)
         else:
-            flash(session, f"revoked {kind} {name}")
+            console.flash(session, f"revoked {kind} {name}")
         return back_to("/console/keys")
 
     return router

@@ -46,7 +46,7 @@ def mount_console(app: FastAPI, settings: ControlPlaneSettings) -> None:
 def create_console(parent: FastAPI, settings: ControlPlaneSettings) -> FastAPI:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["num"] = lambda v, digits=1: "–" if v is None else f"{v:,.{digits}f}"
-    console = Console(api=Api(parent), sessions=SessionBook(), stats=Statistics(settings.resolved_statistics_url(), every_s=settings.console_sample_s),
+    console = Console(api=Api(parent), sessions=SessionBook(parent.state.db_sessions), stats=Statistics(settings.resolved_statistics_url(), every_s=settings.console_sample_s),
                       data_plane_url=data_plane_url(settings), broadcaster=parent.state.broadcaster, templates=templates,
                       max_body_bytes=WorkerSettings().max_body_bytes)
     app = FastAPI(title="serving console", docs_url=None, redoc_url=None, openapi_url=None)

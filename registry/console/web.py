@@ -87,18 +87,18 @@ class Console:
             raise HTTPException(403, CSRF_REFUSED)
         return session
 
+    def flash(self, session: Session, text: str, ok: bool = True) -> None:
+        """One message shown on the next page the session sees (the result of an action), whichever
+        control-plane replica serves that page."""
+        self.sessions.set_notice(session, {"text": text, "ok": ok})
+
     def render(self, request: Request, template: str, session: Session | None, status: int = 200,
                **context: Any) -> HTMLResponse:
         flash = None
         if session is not None and REFRESH_HEADER not in request.headers:  # a live refresh leaves it to the page
-            flash, session.notice = session.notice, None
+            flash = self.sessions.take_notice(session)
         return self.templates.TemplateResponse(request, template, {"session": session, "flash": flash, **context},
                                                status_code=status)
-
-
-def flash(session: Session, text: str, ok: bool = True) -> None:
-    """One message shown on the next page the session sees (the result of an action)."""
-    session.notice = {"text": text, "ok": ok}
 
 
 def back_to(path: str) -> RedirectResponse:

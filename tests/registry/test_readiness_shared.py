@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
 
 from registry import readiness
 from registry.api import create_app
-from registry.db import make_engine, migrations
 from registry.orm import ReadinessRecord
 from registry.readiness import ReadinessBook, ReadinessReport
 from serving.settings import ControlPlaneSettings
+from tests.registry.migration_check import check_table_migration
 from tests.registry.test_api import add_model, tiny_onnx
 from tests.support.auth import headers
 from tests.registry.test_readiness import sessions  # noqa: F401 (one database per test, migrated)
@@ -169,19 +169,5 @@ def test_the_table_is_bounded_the_oldest_going_first(sessions, monkeypatch):  # 
 
 
 def test_migration_0008_on_sqlite_and_postgresql(database_url):
-    """The table comes with 0008 and goes with its downgrade; head again brings it back."""
-    from alembic import command
-
-    engine = make_engine(database_url)
-    with migrations(engine) as (conn, cfg):
-        command.upgrade(cfg, "0007")
-        assert "readiness_reports" not in inspect(conn).get_table_names()
-        command.upgrade(cfg, "0008")
-        assert {c["name"] for c in inspect(conn).get_columns("readiness_reports")} == {
-            "source", "kind", "revision", "report", "received_at"}
-        assert inspect(conn).get_pk_constraint("readiness_reports")["constrained_columns"] == ["source"]
-        command.downgrade(cfg, "0007")
-        assert "readiness_reports" not in inspect(conn).get_table_names()
-        command.upgrade(cfg, "head")
-        assert "readiness_reports" in inspect(conn).get_table_names()
-    engine.dispose()
+    check_table_migration(database_url, "0007", "0008", "readiness_reports",
+                          {"source", "kind", "revision", "report", "received_at"}, ["source"])

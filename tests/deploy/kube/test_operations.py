@@ -22,7 +22,7 @@ onnxruntime's for its text) and its counts printed per step:
    leads; a rollout of the canary is started, and the leader's pod is deleted mid-rollout: another (the other
    replica, or the deleted one's replacement when it is up first) takes
    over within seconds and the rollout finishes once (each step in its history once), no request lost, and
-   the CLI and the console answer through the Service throughout. A change made through either replica
+   the CLI and the console (a session signed in before) answer through the Service throughout. A change made through either replica
    reaches every worker (each pod's /status revision) within a second.
 
 A connection refused (nothing was sent) is tried again by the load, for up to 15 s, each attempt
@@ -426,8 +426,10 @@ def worker_revisions(release: Release) -> set[int]:
 
 
 class Probes:
-    """The CLI (``serving endpoint list``) and the console's sign-in page through the control plane's Service,
-    one after the other until stopped: what an operator sees during a failover."""
+    """The CLI (``serving endpoint list``) and a console page, signed in once before, through the control plane's
+    Service, one after the other until stopped: what an operator sees during a failover. The Service spreads
+    them over both replicas, and the console session (in the database) must hold on each, and on the pod
+    that replaces the deleted one."""
 
     def __init__(self, release: Release) -> None:
         self.release, self.ok, self.failed = release, 0, []
@@ -435,12 +437,17 @@ class Probes:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        console = self.release.service_url("control-plane", 8080) + "/console/signin"
+        console = self.release.service_url("control-plane", 8080) + "/console"
+        signed = httpx.post(f"{console}/signin", data={"token": self.release.admin_token}, timeout=10)
+        if signed.status_code != 303:
+            self.failed.append(f"console sign-in {signed.status_code}: {signed.text[:200]}")
+            return
+        cookies = dict(signed.cookies)
         while not self.stopping.is_set():
             try:
                 self.release.cli("endpoint", "list")
-                page = httpx.get(console, timeout=10)
-                assert page.status_code == 200, page.status_code
+                page = httpx.get(f"{console}/", cookies=cookies, timeout=10)
+                assert page.status_code == 200, f"console page {page.status_code} {page.headers.get('location')}"
                 self.ok += 1
             except (AssertionError, httpx.HTTPError) as exc:
                 self.failed.append(f"{time.strftime('%H:%M:%S')} {exc}"[:300])

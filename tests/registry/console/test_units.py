@@ -12,7 +12,6 @@ from starlette.requests import Request
 
 from registry.console.charts import line_chart
 from registry.console.playground import raw_body, readable, size_words
-from registry.console.sessions import SessionBook
 from registry.console.stats import Figures, Statistics, between, parse
 from registry.console.web import Upload, UploadTooLarge, read_upload_form
 
@@ -73,22 +72,6 @@ def test_a_chart_draws_each_version_and_says_it_in_words():
     assert svg.count("<path") == 2 and "&lt;all&gt;" in svg and "<all>" not in svg
     assert "v1: last 2 req/s; v2: last 4 req/s" in svg
     assert "<figcaption>" in svg  # nothing of the markup escaped
-
-
-def test_a_session_acts_only_with_its_csrf_token():
-    book = SessionBook()
-    sid = book.open("srv_x", "alice", "viewer")
-    session = book.get(sid)
-    assert session.csrf_ok(session.csrf) and not session.csrf_ok("") and not session.csrf_ok(None)
-    assert not session.csrf_ok(book.get(book.open("srv_y", "bob", "admin")).csrf)
-    assert not session.can_act() and book.get("forged") is None
-    book.close(sid)
-    assert book.get(sid) is None
-
-
-def test_an_idle_session_ends():
-    book = SessionBook(idle_s=-1.0)
-    assert book.get(book.open("srv_x", "alice", "admin")) is None
 
 
 def multipart_request(fields: dict, files: dict, chunk: int = 1000, declare: bool = True) -> Request:
