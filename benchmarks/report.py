@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.results import BASELINE, CEILING, RunResult, SystemResult, finite
+from benchmarks.results import CEILING, RunResult, finite
 
 ECHO_OTHERS = ("litserve", "mlserver", "bentoml")
 STATS_PAIRS = (("platform-ort-1w", "platform-ort-1w-nostats"),

@@ -13,7 +13,6 @@ import logging
 import os
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 

@@ -14,7 +14,6 @@ Open Inference Protocol, so its clients send the text as one BYTES input (``trit
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from benchmarks.procs import REPO, free_port, process, stop, wait_http
+from benchmarks.procs import free_port, process, stop, wait_http
 from benchmarks.systems import platform
 from benchmarks.systems.base import RunContext, System, Target, Unavailable
 from benchmarks.workloads import CACHE_DIR

@@ -210,6 +210,8 @@ def recorder_from_settings(settings: WorkerSettings, *, follow_config: bool = Tr
     ``log_freq``; a worker that already follows it may pass ``False`` and call
     ``recorder.apply_snapshot(snapshot)`` from its own subscriber instead.
     """
+    from serving.credentials import worker_token
+
     source = default_source()
     if settings.kafka_bootstrap_servers:
         from serving.statistics.transports.kafka import KafkaOptions, KafkaSender
@@ -219,14 +221,10 @@ def recorder_from_settings(settings: WorkerSettings, *, follow_config: bool = Tr
     else:
         from serving.statistics.transports.embedded import HttpSender
 
-        from serving.credentials import worker_token
-
         sender = HttpSender(statistics_url(settings), token=lambda: worker_token(settings))
     recorder = StatisticsRecorder(sender, config=config, source=source)
     if follow_config:
         from serving.config_client import ConfigSubscriber
-
-        from serving.credentials import worker_token
 
         subscriber = ConfigSubscriber(settings.control_plane_url, recorder.apply_snapshot,
                                       token=lambda: worker_token(settings)).start()

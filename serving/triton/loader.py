@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from serving.triton.budget import COLD, FAILED, LOADED, LOADING, PROTECT_S, MemoryBudget
+from serving.triton.budget import COLD, FAILED, LOADED, PROTECT_S, MemoryBudget
 from serving.triton.python_backend import control_call
 
 log = logging.getLogger(__name__)
