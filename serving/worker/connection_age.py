@@ -24,7 +24,8 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 class ConnectionAge:
     def __init__(self, app: ASGIApp, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.app, self.max_age_s, self.clock = app, max_age_s, clock
-        self._opened: dict[tuple, float] = {}
+        self._opened: dict[tuple, float] = {}  # when each connection was first seen
+        self._seen: dict[tuple, float] = {}    # when each sent its last request
         self._pruned = clock()
 
     async def __call__(self, scope: Scope, receive, send) -> None:
@@ -35,11 +36,12 @@ class ConnectionAge:
         now = self.clock()
         key = tuple(peer)
         opened = self._opened.setdefault(key, now)
-        self._prune(now)
+        self._seen[key] = now
+        self._prune(now)  # after this connection's own time was set: it is never the one forgotten
         if now - opened < self.max_age_s:
             await self.app(scope, receive, send)
             return
-        del self._opened[key]  # the next request on this address and port is a new connection
+        self._forget(key)  # the next request on this address and port is a new connection
 
         async def closing(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -49,11 +51,17 @@ class ConnectionAge:
 
         await self.app(scope, receive, closing)
 
+    def _forget(self, key: tuple) -> None:
+        self._opened.pop(key, None)
+        self._seen.pop(key, None)
+
     def _prune(self, now: float) -> None:
-        """Forget connections not seen for a while (closed by their clients), at most once per age."""
+        """Forget connections without a request for a while (most were closed by their clients), at most
+        once per age. By their last request, not their opening: a connection open long and used again
+        after a pause is still known, and closed after that answer."""
         if now - self._pruned < self.max_age_s:
             return
         self._pruned = now
         horizon = now - 4 * self.max_age_s
-        for key in [k for k, opened in self._opened.items() if opened < horizon]:
-            del self._opened[key]
+        for key in [k for k, seen in self._seen.items() if seen < horizon]:
+            self._forget(key)

@@ -51,6 +51,37 @@ def test_off_keeps_one_connection():
     assert len(set(ports)) == 1 and "close" not in closes
 
 
+def test_a_connection_used_again_after_a_long_pause_is_closed_after_that_answer():
+    """The last CI's 500 (a KeyError): a request came on an address and port first seen more than 4 ages before
+    (a connection used again after a pause, or a new one on a reused port: the health checks' closed
+    connections stay known until pruned), and the prune between looking it up and forgetting it had removed it. Now it is known by its last request and
+    closed after the answer; a connection silent past the horizon is forgotten."""
+    import asyncio
+
+    clock = [0.0]
+
+    async def answer(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    app = ConnectionAge(answer, 0.5, clock=lambda: clock[0])
+
+    def request(port: int) -> list[tuple]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(app({"type": "http", "client": ("127.0.0.1", port)}, None, send))
+        return sent[0]["headers"]
+
+    assert request(1) == [] and request(2) == []  # both open at 0
+    clock[0] = 2.1  # past 4 ages since both opened
+    assert request(1) == [(b"connection", b"close")]  # old: closed after this answer, not a 500
+    assert set(app._opened) == set()  # 1 forgotten as closed, 2 pruned (silent past the horizon)
+    assert request(1) == []  # the client's new connection
+
+
 def test_the_worker_applies_the_setting(make_client, clf_spec):
     client, _ = make_client(clf_spec, worker_max_connection_age_s=0.2)
     assert "connection" not in client.get("/v2/health/live").headers
