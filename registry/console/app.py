@@ -7,11 +7,14 @@ workers follow it) or, on pages with figures, every few seconds.
 """
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.exc import OperationalError
 
 from registry.console.actions import routes as action_routes
 from registry.console.chat import routes as chat_routes
@@ -22,6 +25,10 @@ from registry.console.sessions import COOKIE, SessionBook
 from registry.console.stats import Statistics
 from registry.console.web import HERE, Console, SignInNeeded, back_to, read_form
 from serving.settings import ControlPlaneSettings, WorkerSettings
+
+log = logging.getLogger(__name__)
+DATABASE_UNAVAILABLE = ("the registry database is busy or unreachable, so the console cannot read your session or "
+                        "anything else: try again in a moment (nothing is lost; you stay signed in)")
 
 KEEPALIVE_S = 15.0
 HUMAN_ROLES = ("viewer", "deployer", "admin")
@@ -66,15 +73,24 @@ def _errors(app: FastAPI, console: Console) -> None:
 
     @app.exception_handler(ApiError)
     async def api_refused(request: Request, exc: ApiError):
-        session = console.sessions.get(request.cookies.get(COOKIE))
-        return console.render(request, "error.html", session, status=exc.status, error=exc.detail, page=None)
+        return console.render(request, "error.html", console.known_session(request), status=exc.status,
+                              error=exc.detail, page=None)
 
     @app.exception_handler(HTTPException)
     async def refused(request: Request, exc: HTTPException):
         if "text/html" not in request.headers.get("accept", ""):
             return await http_exception_handler(request, exc)
-        session = console.sessions.get(request.cookies.get(COOKIE))
-        return console.render(request, "error.html", session, status=exc.status_code, error=exc.detail, page=None)
+        return console.render(request, "error.html", console.known_session(request), status=exc.status_code,
+                              error=exc.detail, page=None)
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, exc: OperationalError):
+        """Sessions are read from the database: while it cannot answer, a page says so (503, as the API
+        does), and the same page works again once it is back; the session is kept."""
+        log.warning("console: database unavailable: %s", exc)
+        page = console.render(request, "error.html", None, status=503, error=DATABASE_UNAVAILABLE, page=None)
+        page.headers["Retry-After"] = "1"
+        return page
 
 
 def _sign_in(app: FastAPI, console: Console) -> None:

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
+from sqlalchemy.exc import OperationalError
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -86,6 +87,14 @@ class Console:
         if session is None or (csrf and not session.csrf_ok((form or {}).get("csrf"))):
             raise HTTPException(403, CSRF_REFUSED)
         return session
+
+    def known_session(self, request: Request) -> Session | None:
+        """The cookie's session for an error page: None when there is none, or when the database that keeps
+        sessions cannot say (the page then explains that, rather than failing itself)."""
+        try:
+            return self.sessions.get(request.cookies.get(COOKIE))
+        except OperationalError:
+            return None
 
     def flash(self, session: Session, text: str, ok: bool = True) -> None:
         """One message shown on the next page the session sees (the result of an action), whichever

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from serving.settings import ControlPlaneSettings
 from tests.registry.migration_check import check_table_migration
 from tests.registry.test_readiness import Clock, sessions  # noqa: F401 (one database per test, migrated)
 from tests.support.auth import token
+from tests.support.postgres import create_database
 
 
 def test_a_session_acts_only_with_its_csrf_token(sessions):  # noqa: F811
@@ -133,3 +135,31 @@ def test_a_session_signed_in_on_one_replica_is_used_and_ended_on_the_other(repli
 def test_migration_0009_on_sqlite_and_postgresql(database_url):
     check_table_migration(database_url, "0008", "0009", "console_sessions",
                           {"key", "sealed", "name", "role", "notice", "opened_at", "seen_at"}, ["key"])
+
+
+def test_a_page_says_the_database_is_unavailable_and_works_again_when_it_is_back(postgres_admin_url, tmp_path):
+    """A real outage of the database that keeps sessions: connections refused and the open ones ended. A page is
+    then a 503 naming the cause (never a 500), and once the database takes connections the same cookie works."""
+    url = create_database(postgres_admin_url, "registry_outage")
+    home = tmp_path / "home"
+    admin_conn = psycopg.connect(postgres_admin_url.replace("+psycopg", ""), autocommit=True)
+
+    def allow(yes: bool) -> None:
+        admin_conn.execute(f'ALTER DATABASE "registry_outage" ALLOW_CONNECTIONS {str(yes).lower()}')
+        if not yes:
+            admin_conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = 'registry_outage' AND pid <> pg_backend_pid()")
+
+    with admin_conn, TestClient(create_app(ControlPlaneSettings(home=home, database_url=url))) as app:
+        signed = app.post("/console/signin", data={"token": token(home)}, follow_redirects=False)
+        cookie = {"Cookie": f"{COOKIE}={signed.cookies[COOKIE]}", "Accept": "text/html"}
+        assert app.get("/console/keys", headers=cookie).status_code == 200
+        allow(False)
+        try:
+            down = app.get("/console/keys", headers=cookie, follow_redirects=False)
+            assert down.status_code == 503 and down.headers["retry-after"] == "1", down.text[:500]
+            assert "registry database is busy or unreachable" in down.text and "Traceback" not in down.text
+        finally:
+            allow(True)
+        back = app.get("/console/keys", headers=cookie, follow_redirects=False)
+        assert back.status_code == 200 and "bootstrap-admin" in back.text, back.text[:500]  # still signed in
