@@ -54,6 +54,7 @@ from tests.deploy.console_check import check_console
 from tests.deploy.engine import Engine, must_run, why_not
 from tests.deploy.platform_images import image_names
 from tests.deploy.reference import TEXT, encode, reference_logits
+from tests.support.background import Background
 from tests.support.browser import spki_hash
 from tests.support.procs import free_port
 
@@ -377,24 +378,23 @@ def test_predictions_are_logged_to_kafka_and_exported_with_their_feedback(stack)
     assert json.loads(rows[ids[1]]["inputs"]) == {"text": TEXT} and rows[ids[1]]["status"] == 200
 
 
-class SteadyLoad:
+class SteadyLoad(Background):
     """POST /serve/clf through the gateway from a thread, one request after another, until stopped:
     every answer must be a 200 with the expected logits (any version: they are the same model)."""
 
     def __init__(self, stack: ComposeStack, expected: np.ndarray) -> None:
+        super().__init__("steady-load")
         self.stack, self.expected = stack, expected
         self.versions: dict[str, int] = {}
         self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="steady-load", daemon=True)
 
     @property
     def answers(self) -> int:
         return sum(self.versions.values())
 
-    def _run(self) -> None:
+    def run(self) -> None:
         with self.stack.gateway() as client:
-            while not self._stop.is_set():
+            while not self.stopping.is_set():
                 try:
                     r = client.post("/serve/clf", json={"text": TEXT})
                     if r.status_code != 200:
@@ -404,15 +404,7 @@ class SteadyLoad:
                     self.versions[version] = self.versions.get(version, 0) + 1
                 except Exception as exc:  # noqa: BLE001 - every kind of failure is counted and shown
                     self.failures.append(f"{time.strftime('%H:%M:%S')} {exc!r}"[:500])
-                self._stop.wait(0.05)
-
-    def __enter__(self) -> "SteadyLoad":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(60)
+                self.stopping.wait(0.05)
 
 
 def test_two_control_planes_a_leader_stopped_mid_rollout(stack, tiny_model):

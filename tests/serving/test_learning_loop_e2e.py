@@ -17,7 +17,6 @@ test loads the same rules with that hold at 0 s (the expression is the shipped o
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import httpx
@@ -29,6 +28,7 @@ import yaml
 from serving.statistics.prometheus_config import ALERT_RULES
 from tests.serving.stack import Stack, make_stack
 from tests.serving.statistics.support import Prometheus
+from tests.support.background import Background
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(600)
@@ -107,30 +107,24 @@ def feedback(client: httpx.Client, stack: Stack, request_id: str, label: int) ->
     return r.json()
 
 
-class LabelledLoad:
+class LabelledLoad(Background):
     """Shifted traffic, each answer given its truth at once, until stopped: what a rollout step judges."""
 
+    join_s = 30.0
+
     def __init__(self, stack: Stack, seed: int) -> None:
-        self.stack, self.rng, self.stop = stack, np.random.default_rng(seed), threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        super().__init__("labelled-load")
+        self.stack, self.rng = stack, np.random.default_rng(seed)
 
     def run(self) -> None:
         with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
+            while not self.stopping.is_set():
                 x, y = draw(self.rng, 1, shifted=True)
                 try:
                     request_id, _, _ = serve(client, self.stack, x[0])
                     feedback(client, self.stack, request_id, int(y[0]))
                 except (AssertionError, httpx.HTTPError):
                     pass  # a request during a routing switch: the next one goes on
-
-    def __enter__(self) -> "LabelledLoad":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def rollout(stack: Stack, version: int) -> dict:

@@ -47,6 +47,7 @@ import pytest
 
 from tests.deploy.kube.helm_release import NS, RELEASE, Release, deploy_clf, installed
 from tests.deploy.reference import reference_logits
+from tests.support.background import Background
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(2400)
@@ -425,18 +426,17 @@ def worker_revisions(release: Release) -> set[int]:
             for p in running_pods(release, "worker")}
 
 
-class Probes:
+class Probes(Background):
     """The CLI (``serving endpoint list``) and a console page, signed in once before, through the control plane's
     Service, one after the other until stopped: what an operator sees during a failover. The Service spreads
     them over both replicas, and the console session (in the database) must hold on each, and on the pod
     that replaces the deleted one."""
 
     def __init__(self, release: Release) -> None:
+        super().__init__("probes")
         self.release, self.ok, self.failed = release, 0, []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         console = self.release.service_url("control-plane", 8080) + "/console"
         signed = httpx.post(f"{console}/signin", data={"token": self.release.admin_token}, timeout=10)
         if signed.status_code != 303:
@@ -452,14 +452,6 @@ class Probes:
             except (AssertionError, httpx.HTTPError) as exc:
                 self.failed.append(f"{time.strftime('%H:%M:%S')} {exc}"[:300])
             time.sleep(0.5)
-
-    def __enter__(self) -> "Probes":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stopping.set()
-        self.thread.join(60)
 
 
 def test_7_two_control_planes_the_leader_deleted_mid_rollout(release, expected):
