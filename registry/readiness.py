@@ -62,7 +62,7 @@ class ReadinessReport(BaseModel):
     revision: int = -1
     endpoints: dict[str, EndpointState] = Field(default_factory=dict)  # workers
     failures: dict[str, str] = Field(default_factory=dict)  # triton / llm: model name -> why its load failed
-    engines: dict[str, EngineState] = Field(default_factory=dict, max_length=1000)  # llm on Kubernetes: by key
+    engines: dict[str, EngineState] = Field(default_factory=dict, max_length=1000)  # llm: by engine key
 
 
 class ReadinessBook:

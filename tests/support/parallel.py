@@ -33,6 +33,7 @@ VLLM_ENGINE_PATHS = (
     "tests/serving/llm/test_engine_options_e2e.py",
     "tests/serving/llm/test_lora_e2e.py",
     "tests/serving/llm/test_lora_switch_e2e.py",
+    "tests/serving/llm/launch/test_sleep_e2e.py",
     "tests/serving/statistics/test_llm_statistics_e2e.py",
     "tests/benchmarks/test_llm_smoke.py",
 )

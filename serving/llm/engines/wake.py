@@ -1,6 +1,7 @@
 """Requests for an LLM engine scaled to zero are held until it is ready again, as Knative's activator does.
 
-Why: the launcher scales an engine idle for long to zero replicas (serving/llm/kube/engines.py) and reports
+Why: the launcher scales an engine idle for long to zero replicas (its processes on one machine,
+serving/llm/launch/sleep.py; its pods on Kubernetes, serving/llm/kube/engines.py) and reports
 it ``scaled_to_zero``; only a request can tell that it is wanted again. Answering that request 503 would
 lose it, and nothing else would wake the engine. So the worker holds it: it asks the launcher to wake the
 engine (``POST /engines/wake``, idempotent there), reads the launcher's map again until the engine is

@@ -37,6 +37,7 @@ from serving.llm.kube import manifests
 from serving.llm.kube.idle import ASLEEP_ANNOTATION, WOKEN_ANNOTATION, ColdStarts, IdleClocks
 from serving.llm.kube.template import EngineTemplate
 from serving.llm.launch.process import EngineSpec, wanted_engines
+from serving.llm.launch.sleep import engine_states
 from serving.settings import LLMSettings
 
 log = logging.getLogger(__name__)
@@ -276,11 +277,7 @@ class KubeEngines:
         views = self.view()["engines"]
         with self.lock:
             failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
-            engines = {k: {"state": v["state"], "waking": bool(v.get("waking")),
-                           "replicas": len([r for r in v["replicas"] if r["state"] == "ready"]),
-                           "scale_to_zero_after_s": v.get("scale_to_zero_after_s"),
-                           "cold_start_s": v.get("cold_start_s")} for k, v in views.items()}
-            return {"revision": self.revision, "failures": failures, "engines": engines}
+            return {"revision": self.revision, "failures": failures, "engines": engine_states(views)}
 
     def close(self) -> None:
         """Nothing to stop: the engines are the cluster's, and a restarted control plane adopts them."""

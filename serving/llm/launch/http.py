@@ -2,8 +2,9 @@
 
     GET /engines   {"engines": {"<model>:<version>": {"url": "http://127.0.0.1:P/v1", "served_model_name",
                                                       "state": "starting"|"ready"|"failed", "error"}}}
-    POST /engines/wake {"engine": "<key>"}  202: an engine scaled to zero starts again (engines on Kubernetes,
-                   serving/llm/kube/idle.py); 404 for an engine it does not run
+    POST /engines/wake {"engine": "<key>"}  202: an engine scaled to zero starts again (its processes:
+                   serving/llm/launch/sleep.py; on Kubernetes its pods: serving/llm/kube/idle.py); 404 for an
+                   engine it does not run
     GET /health    200 once the launcher runs (`serving up` waits for it)
     GET /metrics   the engines' own metrics, labelled with endpoint and version (serving/llm/launch/metrics.py)
 

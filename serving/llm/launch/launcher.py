@@ -21,6 +21,9 @@ larger rank is needed) replaces it without losing a request: the new replicas st
 ones (serving/llm/launch/replacement.py), which keep serving until every new one is ready; then ``GET
 /engines`` shows the new ones, and the old ones stop once idle. Both run meanwhile: on a GPU with
 room for one, give the base's endpoint ``max_lora_rank`` so that its engine starts with LoRA on.
+
+Scale to zero (``--aux-config scale_to_zero_after_s=N``): an engine idle that long has its processes stopped
+and is shown ``scaled_to_zero`` until a worker holding a request wakes it (serving/llm/launch/sleep.py).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from serving.llm.launch.process import (
 from serving.llm.launch.memory import EngineMemory
 from serving.llm.launch.placement import replica_env
 from serving.llm.launch.replacement import Replacements
+from serving.llm.launch.sleep import Sleep, engine_states
 from serving.ports import free_port
 from serving.settings import LLMSettings
 from serving.supervisor import Child, Supervisor, describe_exit
@@ -128,7 +132,7 @@ class EngineSet:
 
 class Launcher:
     def __init__(self, settings: LLMSettings, artifact_path: Callable[[str], Path],
-                 on_change: Callable[[], None] = lambda: None) -> None:
+                 on_change: Callable[[], None] = lambda: None, sleep: Sleep | None = None) -> None:
         self.settings = settings
         self.artifact_path = artifact_path
         self.on_change = on_change          # a state changed: report readiness now
@@ -141,6 +145,7 @@ class Launcher:
         self.memory = EngineMemory(settings.llm_memory_budget_mb)
         self.replacements = Replacements(self._stop_replica, UNLOAD_GRACE_S, DRAIN_S)
         self.adapters = AdapterFolders(artifact_path, self.unpack_root)
+        self.sleep = sleep or Sleep()
         self.lock = threading.RLock()
         self._last_view: dict[str, Any] = {"engines": {}}
         self.closed = False
@@ -207,7 +212,7 @@ class Launcher:
             if self.closed:
                 return
             for engine in list(self.engines.values()):
-                if engine.key not in self.wanted:
+                if engine.key not in self.wanted or self.sleep.asleep(engine.key):
                     continue
                 for replica in engine.replicas:
                     if engine.unpack_error:
@@ -215,6 +220,7 @@ class Launcher:
                     elif engine.model_dir is not None:
                         self._watch(engine, replica)
             self.replacements.tick({k: e for k, e in self.engines.items() if k in self.wanted}, self.on_change)
+            self._sleep_idle()
             self._stop_unwanted()
 
     def _watch(self, engine: EngineSet, replica: Engine) -> None:
@@ -312,11 +318,42 @@ class Launcher:
         now = time.monotonic()
         unwanted = [k for k in self.engines if k not in self.wanted]
         self.unwanted_since = {k: t for k, t in self.unwanted_since.items() if k in unwanted}
-        if any(r.state == "starting" for k in self.wanted if k in self.engines for r in self.engines[k].replicas):
+        if any(r.state == "starting" for k in self.wanted if k in self.engines and not self.sleep.asleep(k)
+               for r in self.engines[k].replicas):
             return
         for key in unwanted:
             if now - self.unwanted_since.setdefault(key, now) >= UNLOAD_GRACE_S:
                 self._stop(key)
+
+    # --- scale to zero (sleep.py) --------------------------------------------------------
+    def _sleep_idle(self) -> None:
+        """Each engine that may sleep and did no work for its ``scale_to_zero_after_s`` stops its processes;
+        fresh replicas (not started) wait for a wake. The map says so before the processes stop."""
+        self.sleep.retain(set(self.wanted))
+        for key, engine in list(self.engines.items()):
+            if key not in self.wanted or key in self.replacements.retiring or engine.unpack_error:
+                continue
+            view = engine.view()
+            self.sleep.measure(key, view)
+            if not self.sleep.due(key, engine.spec.options.get("scale_to_zero_after_s"), view):
+                continue
+            self.sleep.slept(key)
+            self.view()  # the last map read now says scaled_to_zero (the stops below take a while)
+            self.on_change()
+            for replica in engine.replicas:
+                self._stop_replica(replica)
+            engine.replicas = []
+            self._scale(engine)
+
+    def wake(self, key: str) -> dict[str, Any] | None:
+        """``POST /engines/wake``: a worker holds a request for this engine. Idempotent; None for an engine not
+        deployed here. Never waits for a tick: the next one starts the replicas."""
+        if key not in self.wanted or key not in self.engines:
+            return None
+        if self.sleep.wake(key):
+            self.on_change()
+        state = "starting" if self.sleep.waking(key) else (self._last_view["engines"].get(key) or {}).get("state")
+        return {"engine": key, "state": state or "starting"}
 
     def _stop(self, key: str) -> None:
         engine = self.engines.pop(key)
@@ -341,22 +378,26 @@ class Launcher:
         if not self.lock.acquire(timeout=VIEW_WAIT_S):
             return self._last_view
         try:
-            self._last_view = {"engines": {k: self.replacements.serving(e).view() for k, e in self.engines.items()
-                                           if k in self.wanted}}
+            self._last_view = {"engines": {k: self._entry(k, e) for k, e in self.engines.items() if k in self.wanted}}
             return self._last_view
         finally:
             self.lock.release()
 
+    def _entry(self, key: str, engine: EngineSet) -> dict[str, Any]:
+        return self.sleep.mark(key, self.replacements.serving(engine).view(),
+                               engine.spec.options.get("scale_to_zero_after_s"))
+
     def readiness(self) -> dict[str, Any]:
-        """Engines none of whose replicas can serve, and adapters an engine refused, with why."""
+        """Engines none of whose replicas can serve, and adapters an engine refused, with why; and each
+        engine's state for the console (scaled to zero, waking, the last cold start)."""
         with self.lock:
-            views = {k: e.view() for k, e in self.engines.items() if k in self.wanted}
+            views = {k: self._entry(k, e) for k, e in self.engines.items() if k in self.wanted}
             failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
             for engine in self.engines.values():
                 for replica in engine.replicas:
                     for name, why in replica.adapter_errors.items():
                         failures.setdefault(name, why)
-            return {"revision": self.revision, "failures": failures}
+            return {"revision": self.revision, "failures": failures, "engines": engine_states(views)}
 
     def close(self) -> None:
         with self.lock:

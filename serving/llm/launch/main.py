@@ -19,6 +19,7 @@ from serving.llm.kube.acting import LeaderCheck
 from serving.llm.kube.engines import KubeEngines
 from serving.llm.kube.idle import ColdStarts
 from serving.llm.launch.launcher import Launcher
+from serving.llm.launch.sleep import Sleep
 from serving.readiness_report import ReadinessReporter, process_id
 from serving.settings import LLMSettings
 
@@ -50,11 +51,11 @@ def run_launcher(settings: LLMSettings, stop: threading.Event | None = None,
         acts = LeaderCheck(settings.llm_leader_url) if settings.llm_leader_url else (lambda: True)
         launcher = KubeEngines.from_settings(settings, reporter.poke, acts, ColdStarts(measured))
     else:
-        launcher = Launcher(settings, fetcher.path, on_change=reporter.poke)
+        launcher = Launcher(settings, fetcher.path, on_change=reporter.poke, sleep=Sleep(on_cold_start=measured))
     metrics = EngineMetrics(launcher.view)
     registry.register(metrics)
     server = EnginesServer(launcher.view, settings.llm_launcher_host, settings.llm_launcher_port,
-                           metrics=lambda: generate_latest(registry), wake=getattr(launcher, "wake", None)).start()
+                           metrics=lambda: generate_latest(registry), wake=launcher.wake).start()
 
     def apply(snapshot: dict) -> None:
         metrics.follow(snapshot)

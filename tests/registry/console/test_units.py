@@ -150,4 +150,4 @@ def test_the_workers_page_shows_an_engine_scaled_to_zero_one_waking_and_the_last
     assert "engine chat:1: <strong class=\"engine-state\">scaled to zero</strong>; to zero after 300 s idle; " \
            "last cold start 27.4 s" in text
     assert "engine chat:2: <strong class=\"engine-state\">starting</strong> (waking); to zero after 60 s idle" in text
-    assert "engine big:1: <strong class=\"engine-state\">ready</strong>, 2 pods" in text
+    assert "engine big:1: <strong class=\"engine-state\">ready</strong>, 2 replicas" in text

@@ -46,7 +46,8 @@ def test_without_vllm_the_engine_is_failed_saying_how_to_get_it(tmp_path, monkey
     engine = settle(l)
     assert "no vLLM interpreter" in engine["error"] and "scripts/setup.sh" in engine["error"], engine
     assert engine["served_model_name"] == KEY and engine["url"].startswith("http://127.0.0.1:")
-    assert l.readiness() == {"revision": 3, "failures": {KEY: engine["error"]}}
+    assert l.readiness() == {"revision": 3, "failures": {KEY: engine["error"]}, "engines": {KEY: {
+        "state": "failed", "waking": False, "replicas": 0, "scale_to_zero_after_s": None, "cold_start_s": None}}}
     assert l.changes, "the control plane is told at once"
     l.apply({"revision": 4, "endpoints": {}})
     l.tick()
