@@ -24,8 +24,7 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message],
 class ConnectionAge:
     def __init__(self, app: ASGIApp, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.app, self.max_age_s, self.clock = app, max_age_s, clock
-        self._opened: dict[tuple, float] = {}  # when each connection was first seen
-        self._seen: dict[tuple, float] = {}    # when each sent its last request
+        self._known: dict[tuple, tuple[float, float]] = {}  # each connection: (first seen, last request)
         self._pruned = clock()
 
     async def __call__(self, scope: Scope, receive, send) -> None:
@@ -35,13 +34,13 @@ class ConnectionAge:
             return
         now = self.clock()
         key = tuple(peer)
-        opened = self._opened.setdefault(key, now)
-        self._seen[key] = now
+        opened = self._known.get(key, (now, now))[0]
+        self._known[key] = (opened, now)
         self._prune(now)  # after this connection's own time was set: it is never the one forgotten
         if now - opened < self.max_age_s:
             await self.app(scope, receive, send)
             return
-        self._forget(key)  # the next request on this address and port is a new connection
+        self._known.pop(key, None)  # the next request on this address and port is a new connection
 
         async def closing(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -51,10 +50,6 @@ class ConnectionAge:
 
         await self.app(scope, receive, closing)
 
-    def _forget(self, key: tuple) -> None:
-        self._opened.pop(key, None)
-        self._seen.pop(key, None)
-
     def _prune(self, now: float) -> None:
         """Forget connections without a request for a while (most were closed by their clients), at most
         once per age. By their last request, not their opening: a connection open long and used again
@@ -63,5 +58,5 @@ class ConnectionAge:
             return
         self._pruned = now
         horizon = now - 4 * self.max_age_s
-        for key in [k for k, seen in self._seen.items() if seen < horizon]:
-            self._forget(key)
+        for key in [k for k, (_, seen) in self._known.items() if seen < horizon]:
+            del self._known[key]

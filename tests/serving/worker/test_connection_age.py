@@ -78,7 +78,7 @@ def test_a_connection_used_again_after_a_long_pause_is_closed_after_that_answer(
     assert request(1) == [] and request(2) == []  # both open at 0
     clock[0] = 2.1  # past 4 ages since both opened
     assert request(1) == [(b"connection", b"close")]  # old: closed after this answer, not a 500
-    assert set(app._opened) == set()  # 1 forgotten as closed, 2 pruned (silent past the horizon)
+    assert set(app._known) == set()  # 1 forgotten as closed, 2 pruned (silent past the horizon)
     assert request(1) == []  # the client's new connection
 
 
