@@ -139,7 +139,6 @@ class ReadinessBook:
                 "targets": wanted, "workers": workers}
 
 
-
 def _upsert(session: Session, values: dict[str, Any]) -> None:
     """Insert the source's row or replace it, in one statement (two replicas may write one source at once)."""
     dialect = {"postgresql": postgresql, "sqlite": sqlite}.get(session.get_bind().dialect.name)

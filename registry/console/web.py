@@ -60,8 +60,12 @@ class Console:
     templates: Jinja2Templates
     max_body_bytes: int  # the workers' request body limit (SERVING_MAX_BODY_BYTES): the playground's upload cap
 
+    def cookie_session(self, request: Request) -> Session | None:
+        """The session the request's cookie names (one read of the database), or None."""
+        return self.sessions.get(request.cookies.get(COOKIE))
+
     def session(self, request: Request) -> Session:
-        session = self.sessions.get(request.cookies.get(COOKIE))
+        session = self.cookie_session(request)
         if session is None:
             raise SignInNeeded()
         self.stats.ensure_sampling()
@@ -76,14 +80,15 @@ class Console:
         """The session, fields and files of a multipart POST, under the same CSRF rule as every form.
         The cookie's session is checked before the body is read, so nobody signed out gets to make
         the console read a large upload; :class:`UploadTooLarge` past ``limit`` bytes."""
-        self.authorised(request, None, csrf=False)
+        session = self.authorised(request, None, csrf=False)
         fields, files = await read_upload_form(request, limit)
-        return self.authorised(request, fields), fields, files
+        return self.authorised(request, fields, session=session), fields, files
 
-    def authorised(self, request: Request, form: dict[str, str] | None, csrf: bool = True) -> Session:
-        """The cookie's session, when the form returns its CSRF token (``csrf=False``: the cookie
-        alone, for a check before the form is read); 403 otherwise."""
-        session = self.sessions.get(request.cookies.get(COOKIE))
+    def authorised(self, request: Request, form: dict[str, str] | None, csrf: bool = True,
+                   session: Session | None = None) -> Session:
+        """The cookie's session (``session``: already read for this request), when the form returns its
+        CSRF token (``csrf=False``: the cookie alone, for a check before the form is read); 403 otherwise."""
+        session = session or self.cookie_session(request)
         if session is None or (csrf and not session.csrf_ok((form or {}).get("csrf"))):
             raise HTTPException(403, CSRF_REFUSED)
         return session
@@ -92,7 +97,7 @@ class Console:
         """The cookie's session for an error page: None when there is none, or when the database that keeps
         sessions cannot say (the page then explains that, rather than failing itself)."""
         try:
-            return self.sessions.get(request.cookies.get(COOKIE))
+            return self.cookie_session(request)
         except OperationalError:
             return None
 

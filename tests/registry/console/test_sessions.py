@@ -163,3 +163,18 @@ def test_a_page_says_the_database_is_unavailable_and_works_again_when_it_is_back
             allow(True)
         back = app.get("/console/keys", headers=cookie, follow_redirects=False)
         assert back.status_code == 200 and "bootstrap-admin" in back.text, back.text[:500]  # still signed in
+
+
+def test_an_upload_is_checked_for_the_cookie_before_its_body_and_for_the_csrf_token_after(replicas):
+    """The multipart form reads the session once: the cookie before the body is read, the CSRF token from the
+    fields after (tests/registry/console/test_console_browser.py sends a real upload to a real handler)."""
+    a, b, admin = replicas
+    signed = a.post("/console/signin", data={"token": admin}, follow_redirects=False)
+    cookie = {"Cookie": f"{COOKIE}={signed.cookies[COOKIE]}"}
+    csrf = csrf_of(b.get("/console/keys", headers=cookie).text)
+    url, files = "/console/playground/upload?endpoint=nope", {"file": ("x.png", b"\x89PNG", "image/png")}
+    assert b.post(url, files=files, data={"csrf": csrf}).status_code == 403  # no session
+    for form in ({}, {"csrf": "guessed"}):
+        assert b.post(url, files=files, data=form, headers=cookie).status_code == 403
+    taken = b.post(url, files=files, data={"csrf": csrf}, headers=cookie)
+    assert taken.status_code != 403 and "CSRF" not in taken.text, taken.text[:500]
