@@ -378,20 +378,22 @@ class Launcher:
         if not self.lock.acquire(timeout=VIEW_WAIT_S):
             return self._last_view
         try:
-            self._last_view = {"engines": {k: self._entry(k, e) for k, e in self.engines.items() if k in self.wanted}}
+            self._last_view = {"engines": {k: self._marked(e, self.replacements.serving(e).view())
+                                           for k, e in self.engines.items() if k in self.wanted}}
             return self._last_view
         finally:
             self.lock.release()
 
-    def _entry(self, key: str, engine: EngineSet) -> dict[str, Any]:
-        return self.sleep.mark(key, self.replacements.serving(engine).view(),
-                               engine.spec.options.get("scale_to_zero_after_s"))
+    def _marked(self, engine: EngineSet, view: dict[str, Any]) -> dict[str, Any]:
+        """``view`` as scale to zero shows it (asleep, waking, the last cold start)."""
+        return self.sleep.mark(engine.key, view, engine.spec.options.get("scale_to_zero_after_s"))
 
     def readiness(self) -> dict[str, Any]:
         """Engines none of whose replicas can serve, and adapters an engine refused, with why; and each
         engine's state for the console (scaled to zero, waking, the last cold start)."""
         with self.lock:
-            views = {k: self._entry(k, e) for k, e in self.engines.items() if k in self.wanted}
+            # the engine itself, not the one it replaces that serves meanwhile: its failure is reported
+            views = {k: self._marked(e, e.view()) for k, e in self.engines.items() if k in self.wanted}
             failures = {k: v["error"] or "failed" for k, v in views.items() if v["state"] == "failed"}
             for engine in self.engines.values():
                 for replica in engine.replicas:

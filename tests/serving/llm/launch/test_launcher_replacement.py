@@ -91,6 +91,8 @@ def test_lora_turned_on_keeps_the_old_engine_serving_until_the_new_one_is_ready(
         for _ in range(20):  # the new one is not ready: the map still shows the old one, ready
             l.tick()
             assert l.view()["engines"][KEY]["url"] == first["url"] and l.view()["engines"][KEY]["state"] == "ready"
+        # readiness reports the new engine itself (its failure would be one), not the old one serving meanwhile
+        assert l.readiness()["engines"][KEY]["state"] == "starting"
         assert alive(old_pid)
 
         (box / f"running-{old.port}").write_text("1")  # a request still running on the old one
